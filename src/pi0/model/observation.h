@@ -1,0 +1,42 @@
+// The model's input batch: what the data pipeline produces and the model consumes (openpi's `Observation`).
+// Shapes: B batch, S image side (224 for the released models), L max_token_len, H action_horizon,
+// D action_dim (32 for the released models).
+#pragma once
+#include <array>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace pi0::model {
+
+/// Camera slots in the prefix, in the reference's fixed order.
+inline const std::array<std::string, 3> kCameraNames = {"base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"};
+
+struct Observation {
+  std::vector<torch::Tensor> images;       ///< one per camera slot, [B,3,S,S] float32 in [-1,1] (NCHW)
+  std::vector<torch::Tensor> image_masks;  ///< one per camera slot, [B] bool (false: camera absent)
+  torch::Tensor state;                     ///< [B,D] float32, normalized and zero-padded to action_dim
+  torch::Tensor tokenized_prompt;          ///< [B,L] int64 token ids (0 = pad)
+  torch::Tensor tokenized_prompt_mask;     ///< [B,L] bool, true for real tokens
+
+  int64_t batch_size() const { return state.size(0); }
+  /// Moves every tensor to `device`.
+  Observation to(const torch::Device& device) const {
+    Observation o;
+    for (const auto& t : images) o.images.push_back(t.to(device));
+    for (const auto& t : image_masks) o.image_masks.push_back(t.to(device));
+    o.state = state.to(device);
+    o.tokenized_prompt = tokenized_prompt.to(device);
+    o.tokenized_prompt_mask = tokenized_prompt_mask.to(device);
+    return o;
+  }
+};
+
+/// One training batch: observation plus the normalized, zero-padded target action chunk.
+struct Batch {
+  Observation observation;
+  torch::Tensor actions;  ///< [B,H,D] float32
+};
+
+}  // namespace pi0::model
