@@ -1,0 +1,80 @@
+// Gemma transformer expert (openpi gemma.py; PT transformers GemmaModel as patched by openpi).
+// Two experts (prefix "paligemma" and suffix "action expert") run layer by layer with one joint attention;
+// this file holds the per-expert weights, joint_attention() holds the shared attention math.
+// Shapes: B batch, T tokens of one expert, S key tokens, W width, N query heads, K kv heads, D head dim.
+#pragma once
+#include <string>
+
+#include <torch/torch.h>
+
+#include "pi0/nn/dense.h"
+#include "pi0/nn/rms_norm.h"
+
+namespace pi0::model {
+
+struct GemmaOptions {
+  int64_t width = 64;       ///< model width W, e.g. 2048 for gemma_2b
+  int64_t depth = 4;        ///< number of layers, e.g. 18
+  int64_t mlp_dim = 128;    ///< GeGLU hidden width, e.g. 16384
+  int64_t num_heads = 8;    ///< query heads N
+  int64_t num_kv_heads = 1; ///< key/value heads K (grouped-query attention; 1 = multi-query)
+  int64_t head_dim = 16;    ///< D, e.g. 256
+  int64_t vocab_size = 0;   ///< token embedding rows; 0 = no embedding (action expert)
+  int64_t cond_dim = 0;     ///< > 0: adaptive RMSNorm driven by a [B,cond_dim] vector (pi0.5 action expert)
+  int64_t lora_rank = 0;    ///< > 0: LoRA on attention and MLP projections
+  double lora_alpha = 0.0;  ///< LoRA scaling = alpha / rank
+};
+
+/// Named variants of openpi gemma.py get_config: "dummy", "gemma_300m", "gemma_2b" (+ "_lora" suffixes).
+/// vocab_size is set to 257152 (PaliGemma) for every variant; callers clear it for the action expert.
+GemmaOptions gemma_variant(const std::string& name);
+
+constexpr int64_t kPaligemmaVocabSize = 257152;
+
+class GemmaAttentionImpl : public torch::nn::Module {
+ public:
+  explicit GemmaAttentionImpl(const GemmaOptions& o);
+  nn::Dense q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+};
+TORCH_MODULE(GemmaAttention);
+
+class GemmaMlpImpl : public torch::nn::Module {
+ public:
+  explicit GemmaMlpImpl(const GemmaOptions& o);
+  /// GeGLU: down(gelu_tanh(gate(x)) · up(x)).
+  torch::Tensor forward(const torch::Tensor& x);
+  nn::Dense gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(GemmaMlp);
+
+class GemmaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit GemmaDecoderLayerImpl(const GemmaOptions& o);
+  GemmaAttention self_attn{nullptr};
+  GemmaMlp mlp{nullptr};
+  nn::RMSNorm input_layernorm{nullptr};           ///< pre-attention norm (JAX pre_attention_norm)
+  nn::RMSNorm post_attention_layernorm{nullptr};  ///< pre-FFW norm despite the HF name (JAX pre_ffw_norm)
+};
+TORCH_MODULE(GemmaDecoderLayer);
+
+/// One expert: optional token embedding, `depth` layers, final norm. Parameter names equal HF GemmaModel's.
+class GemmaModelImpl : public torch::nn::Module {
+ public:
+  explicit GemmaModelImpl(GemmaOptions o);
+  /// tokens [B,L] → embeddings [B,L,W] · sqrt(W) (only the prefix expert has an embedding).
+  torch::Tensor embed(const torch::Tensor& tokens);
+
+  GemmaOptions options;
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers_list{nullptr};
+  std::vector<GemmaDecoderLayer> layers;
+  nn::RMSNorm norm{nullptr};
+};
+TORCH_MODULE(GemmaModel);
+
+/// Per-layer key/value cache of the prefix: k, v [B,K,S,D], keys stored after RoPE.
+struct KVCache {
+  std::vector<torch::Tensor> k, v;
+};
+
+}  // namespace pi0::model

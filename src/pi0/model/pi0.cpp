@@ -1,0 +1,315 @@
+#include "pi0/model/pi0.h"
+
+#include <cmath>
+
+#include "pi0/common/check.h"
+#include "pi0/nn/attention_mask.h"
+#include "pi0/nn/checkpoint.h"
+#include "pi0/nn/rope.h"
+
+namespace pi0::model {
+
+Pi0Options pi0_options(bool pi05) {
+  Pi0Options o;
+  o.pi05 = pi05;
+  o.max_token_len = pi05 ? 200 : 48;
+  return o;
+}
+
+Pi0Options dummy_options(bool pi05, int64_t vocab_size, int64_t image_size) {
+  Pi0Options o;
+  o.pi05 = pi05;
+  o.paligemma = gemma_variant("dummy");
+  o.paligemma.vocab_size = vocab_size;
+  o.action_expert = gemma_variant("dummy");
+  o.siglip = siglip_variant("tiny/14");
+  o.siglip.image_size = image_size;
+  o.action_dim = 8;
+  o.action_horizon = 4;
+  o.max_token_len = 6;
+  return o;
+}
+
+namespace {
+std::shared_ptr<torch::nn::Module> holder(torch::nn::Module& parent, const std::string& name) {
+  return parent.register_module(name, std::make_shared<torch::nn::Module>());
+}
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------------------
+// Joint attention and the two-expert stack.
+
+torch::Tensor joint_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& mask) {
+  const int64_t b = q.size(0), t = q.size(1), n = q.size(2), d = q.size(3);
+  const int64_t s = k.size(1), kv = k.size(2), g = n / kv;
+  PI0_CHECK(n % kv == 0, "query heads (", n, ") must be a multiple of kv heads (", kv, ")");
+  PI0_CHECK(mask.size(1) == t && mask.size(2) == s, "attention mask ", mask.sizes(), " does not match T=", t,
+            " S=", s);
+  // Head n = kv_head·G + g shares kv_head (as HF repeat_kv); group queries so one matmul per kv head.
+  auto q_bkgd = q.view({b, t, kv, g, d}).permute({0, 2, 3, 1, 4}).reshape({b, kv, g * t, d});
+  auto k_bksd = k.permute({0, 2, 1, 3});
+  auto v_bksd = v.permute({0, 2, 1, 3});
+  auto logits = nn::upcast(torch::matmul(q_bkgd, k_bksd.transpose(-1, -2))).view({b, kv, g, t, s});
+  logits = logits.masked_fill(mask.logical_not().view({b, 1, 1, t, s}), nn::kMaskValue);
+  auto probs = torch::softmax(logits, -1).to(q.scalar_type()).view({b, kv, g * t, s});
+  auto out = torch::matmul(probs, v_bksd).view({b, kv, g, t, d});
+  return out.permute({0, 3, 1, 2, 4}).reshape({b, t, n * d});
+}
+
+PaliGemmaWithExpertImpl::PaliGemmaWithExpertImpl(const Pi0Options& o) {
+  const auto& p = o.paligemma;
+  const auto& e = o.action_expert;
+  if (p.depth != e.depth || p.head_dim != e.head_dim || p.num_heads != e.num_heads ||
+      p.num_kv_heads != e.num_kv_heads) {
+    throw UserError("model.paligemma and model.action_expert must share depth, head_dim, num_heads and "
+                    "num_kv_heads (joint attention)");
+  }
+  if (p.vocab_size <= 0) throw UserError("model.paligemma needs a token embedding (vocab_size > 0)");
+  auto paligemma = holder(*this, "paligemma");
+  auto pg_model = holder(*paligemma, "model");
+  vision = holder(*pg_model, "vision_tower")->register_module("vision_model", Siglip(o.siglip));
+  // openpi's SigLIP head (head_zeroinit=True): image tokens start at zero.
+  projector = holder(*pg_model, "multi_modal_projector")
+                  ->register_module("linear", nn::Dense(nn::DenseOptions(o.siglip.width, p.width).init("zeros")));
+  auto prefix_opts = p;
+  prefix_opts.cond_dim = 0;
+  language_model = pg_model->register_module("language_model", GemmaModel(prefix_opts));
+  auto expert_opts = e;
+  expert_opts.vocab_size = 0;
+  expert_opts.cond_dim = o.pi05 ? e.width : 0;
+  expert = holder(*this, "gemma_expert")->register_module("model", GemmaModel(expert_opts));
+}
+
+std::vector<torch::Tensor> PaliGemmaWithExpertImpl::layer_forward(int64_t l, const torch::Tensor& prefix,
+                                                                  const torch::Tensor& suffix,
+                                                                  const torch::Tensor& mask,
+                                                                  const torch::Tensor& positions,
+                                                                  const torch::Tensor& cond,
+                                                                  const torch::Tensor& k_cache,
+                                                                  const torch::Tensor& v_cache) {
+  const auto& o = language_model->options;
+  const int64_t n = o.num_heads, kv = o.num_kv_heads, d = o.head_dim;
+  GemmaDecoderLayer layers[2] = {language_model->layers[l], expert->layers[l]};
+  torch::Tensor xs[2] = {prefix, suffix};
+  torch::Tensor conds[2] = {torch::Tensor(), cond};
+  torch::Tensor gates[2];
+  std::vector<torch::Tensor> qs, ks, vs;
+  std::vector<int64_t> lengths;
+  for (int e = 0; e < 2; ++e) {
+    if (!xs[e].defined()) continue;
+    const int64_t b = xs[e].size(0), t = xs[e].size(1);
+    auto [h, gate] = layers[e]->input_layernorm->forward(xs[e], conds[e]);
+    gates[e] = gate;
+    qs.push_back(layers[e]->self_attn->q_proj->forward(h).view({b, t, n, d}));
+    ks.push_back(layers[e]->self_attn->k_proj->forward(h).view({b, t, kv, d}));
+    vs.push_back(layers[e]->self_attn->v_proj->forward(h).view({b, t, kv, d}));
+    lengths.push_back(t);
+  }
+  auto q = qs.size() == 1 ? qs[0] : torch::cat(qs, 1);
+  auto k = ks.size() == 1 ? ks[0] : torch::cat(ks, 1);
+  auto v = vs.size() == 1 ? vs[0] : torch::cat(vs, 1);
+  // openpi scales q after RoPE.
+  q = nn::apply_rope(q, positions) * (1.0 / std::sqrt(static_cast<double>(d)));
+  k = nn::apply_rope(k, positions);
+  const auto k_new = k, v_new = v;
+  if (k_cache.defined()) {
+    k = torch::cat({k_cache, k}, 1);
+    v = torch::cat({v_cache, v}, 1);
+  }
+  auto attn = joint_attention(q, k, v, mask);
+  auto parts = lengths.size() == 1 ? std::vector<torch::Tensor>{attn} : attn.split_with_sizes(lengths, 1);
+  size_t part = 0;
+  torch::Tensor out[2];
+  for (int e = 0; e < 2; ++e) {
+    if (!xs[e].defined()) continue;
+    auto x = xs[e];
+    auto o_e = layers[e]->self_attn->o_proj->forward(parts[part++]);
+    x = gates[e].defined() ? x + o_e * gates[e].to(o_e.scalar_type()) : x + o_e;
+    auto [h2, gate2] = layers[e]->post_attention_layernorm->forward(x, conds[e]);
+    auto y = layers[e]->mlp->forward(h2);
+    out[e] = gate2.defined() ? x + y * gate2.to(y.scalar_type()) : x + y;
+  }
+  return {out[0], out[1], k_new, v_new};
+}
+
+PaliGemmaWithExpertImpl::Output PaliGemmaWithExpertImpl::forward(const torch::Tensor& prefix,
+                                                                 const torch::Tensor& suffix,
+                                                                 const torch::Tensor& mask,
+                                                                 const torch::Tensor& positions,
+                                                                 const torch::Tensor& cond,
+                                                                 const KVCache* cache_in, KVCache* cache_out,
+                                                                 bool checkpoint_layers) {
+  PI0_CHECK(prefix.defined() || suffix.defined(), "joint forward needs at least one expert's input");
+  auto x_prefix = prefix, x_suffix = suffix;
+  const int64_t depth = language_model->options.depth;
+  if (cache_out) cache_out->k.clear(), cache_out->v.clear();
+  for (int64_t l = 0; l < depth; ++l) {
+    torch::Tensor kc, vc;
+    if (cache_in) kc = cache_in->k.at(l), vc = cache_in->v.at(l);
+    std::vector<torch::Tensor> out;
+    if (checkpoint_layers && !cache_out) {
+      out = nn::checkpoint(
+          [this, l, mask, positions, kc, vc](const nn::TensorList& in) {
+            auto r = layer_forward(l, in[0], in[1], mask, positions, in[2], kc, vc);
+            return nn::TensorList{r[0], r[1]};
+          },
+          {x_prefix, x_suffix, cond});
+    } else {
+      out = layer_forward(l, x_prefix, x_suffix, mask, positions, cond, kc, vc);
+      if (cache_out) cache_out->k.push_back(out[2]), cache_out->v.push_back(out[3]);
+    }
+    x_prefix = out[0];
+    x_suffix = out[1];
+  }
+  Output result;
+  if (x_prefix.defined()) result.prefix = language_model->norm->forward(x_prefix).first;
+  if (x_suffix.defined()) result.suffix = expert->norm->forward(x_suffix, cond).first;
+  return result;
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// pi0 / pi0.5.
+
+Pi0Impl::Pi0Impl(Pi0Options o) : options_(std::move(o)) {
+  const int64_t we = options_.action_expert.width, a = options_.action_dim;
+  paligemma_with_expert = register_module("paligemma_with_expert", PaliGemmaWithExpert(options_));
+  action_in_proj = register_module("action_in_proj", nn::Dense(a, we));
+  action_out_proj = register_module("action_out_proj", nn::Dense(we, a));
+  if (options_.pi05) {
+    time_mlp_in = register_module("time_mlp_in", nn::Dense(we, we));
+    time_mlp_out = register_module("time_mlp_out", nn::Dense(we, we));
+  } else {
+    state_proj = register_module("state_proj", nn::Dense(a, we));
+    action_time_mlp_in = register_module("action_time_mlp_in", nn::Dense(2 * we, we));
+    action_time_mlp_out = register_module("action_time_mlp_out", nn::Dense(we, we));
+  }
+}
+
+Pi0Impl::Embedded Pi0Impl::embed_prefix(const Observation& obs) {
+  const int64_t n_cam = static_cast<int64_t>(obs.images.size());
+  PI0_CHECK(n_cam > 0, "observation has no images");
+  PI0_CHECK(obs.image_masks.size() == obs.images.size(), "one image mask per camera expected");
+  const int64_t b = obs.images[0].size(0);
+  auto& pwe = *paligemma_with_expert;
+  // All cameras go through SigLIP as one batch.
+  auto images = n_cam == 1 ? obs.images[0] : torch::cat(obs.images, 0);
+  auto img_tokens = pwe.projector->forward(pwe.vision->forward(images, compute_dtype_, checkpointing_));
+  const int64_t p = img_tokens.size(1);
+  std::vector<torch::Tensor> embs, masks;
+  for (int64_t c = 0; c < n_cam; ++c) {
+    embs.push_back(img_tokens.narrow(0, c * b, b));
+    masks.push_back(obs.image_masks[c].to(torch::kBool).view({b, 1}).expand({b, p}));
+  }
+  embs.push_back(pwe.language_model->embed(obs.tokenized_prompt.to(torch::kLong)).to(compute_dtype_));
+  masks.push_back(obs.tokenized_prompt_mask.to(torch::kBool));
+  Embedded out;
+  out.embs = torch::cat(embs, 1);
+  out.pad_mask = torch::cat(masks, 1);
+  out.ar_mask = torch::zeros({out.embs.size(1)}, torch::TensorOptions().dtype(torch::kBool).device(out.embs.device()));
+  return out;
+}
+
+Pi0Impl::Embedded Pi0Impl::embed_suffix(const torch::Tensor& state, const torch::Tensor& x_t,
+                                        const torch::Tensor& time) {
+  const int64_t b = x_t.size(0), h = x_t.size(1), we = options_.action_expert.width;
+  // Projections run in float32 as in the reference (f32 kernels fed f32 inputs).
+  auto action_tokens = action_in_proj->forward(nn::upcast(x_t));  // [B,H,We]
+  auto time_emb = nn::posemb_sincos(time.to(nn::upcast(x_t).scalar_type()), we);  // [B,We]
+  auto bool_opts = torch::TensorOptions().dtype(torch::kBool).device(x_t.device());
+  Embedded out;
+  std::vector<bool> ar;
+  if (options_.pi05) {
+    out.cond = torch::silu(time_mlp_out->forward(torch::silu(time_mlp_in->forward(time_emb))));
+    out.embs = action_tokens;
+  } else {
+    auto state_token = state_proj->forward(state.to(time_emb.scalar_type())).unsqueeze(1);  // [B,1,We]
+    auto mixed = torch::cat({action_tokens, time_emb.unsqueeze(1).expand({b, h, we})}, -1);
+    auto action_time = action_time_mlp_out->forward(torch::silu(action_time_mlp_in->forward(mixed)));
+    out.embs = torch::cat({state_token, action_time}, 1);
+    ar.push_back(true);
+  }
+  ar.push_back(true);
+  for (int64_t i = 1; i < h; ++i) ar.push_back(false);
+  const int64_t ts = out.embs.size(1);
+  out.embs = out.embs.to(compute_dtype_);
+  out.pad_mask = torch::ones({b, ts}, bool_opts);
+  auto ar_t = torch::zeros({ts}, torch::kBool);
+  for (int64_t i = 0; i < ts; ++i) ar_t[i] = bool(ar[i]);
+  out.ar_mask = ar_t.to(x_t.device());
+  return out;
+}
+
+torch::Tensor Pi0Impl::velocity_full(const Embedded& prefix, const torch::Tensor& state, const torch::Tensor& x_t,
+                                     const torch::Tensor& time) {
+  auto suffix = embed_suffix(state, x_t, time);
+  auto pad = torch::cat({prefix.pad_mask, suffix.pad_mask}, 1);
+  auto ar = torch::cat({prefix.ar_mask, suffix.ar_mask}, 0);
+  auto mask = nn::make_attn_mask(pad, ar);
+  auto positions = nn::positions_from_mask(pad);
+  auto out = paligemma_with_expert->forward(prefix.embs, suffix.embs, mask, positions, suffix.cond, nullptr, nullptr,
+                                            checkpointing_);
+  const int64_t h = options_.action_horizon;
+  return action_out_proj->forward(nn::upcast(out.suffix.narrow(1, out.suffix.size(1) - h, h)));
+}
+
+torch::Tensor Pi0Impl::compute_loss(const Observation& obs, const torch::Tensor& actions,
+                                    std::optional<torch::Tensor> noise, std::optional<torch::Tensor> time) {
+  PI0_CHECK(actions.dim() == 3 && actions.size(1) == options_.action_horizon &&
+                actions.size(2) == options_.action_dim,
+            "actions must be [B,", options_.action_horizon, ",", options_.action_dim, "], got ", actions.sizes());
+  const int64_t b = actions.size(0);
+  auto a = nn::upcast(actions);
+  auto eps = noise ? noise->to(a.scalar_type()) : torch::randn_like(a);
+  // Beta(1.5, 1) by inversion: its CDF is t^1.5, so t = U^(1/1.5).
+  auto t = time ? time->to(a.scalar_type())
+                : torch::rand({b}, a.options()).pow(1.0 / 1.5) * 0.999 + 0.001;
+  auto t3 = t.view({b, 1, 1});
+  auto x_t = t3 * eps + (1.0 - t3) * a;
+  auto u_t = eps - a;
+  auto prefix = embed_prefix(obs);
+  auto v_t = velocity_full(prefix, obs.state, x_t, t);
+  return (v_t - u_t).pow(2);
+}
+
+torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torch::Tensor> noise, int64_t num_steps,
+                                      bool use_kv_cache) {
+  PI0_CHECK(num_steps > 0, "num_steps must be positive");
+  torch::NoGradGuard no_grad;
+  const int64_t b = obs.batch_size(), h = options_.action_horizon;
+  const auto acc = compute_dtype_ == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto f32 = torch::TensorOptions().dtype(acc).device(obs.state.device());
+  auto x = noise ? noise->to(acc) : torch::randn({b, h, options_.action_dim}, f32);
+  auto prefix = embed_prefix(obs);
+  KVCache cache;
+  auto& pwe = *paligemma_with_expert;
+  if (use_kv_cache) {
+    pwe.forward(prefix.embs, torch::Tensor(), nn::make_attn_mask(prefix.pad_mask, prefix.ar_mask),
+                nn::positions_from_mask(prefix.pad_mask), torch::Tensor(), nullptr, &cache, false);
+  }
+  // Time advances in float32 like the reference's `t + dt` loop.
+  const float dt = -1.0f / static_cast<float>(num_steps);
+  float t = 1.0f;
+  for (int64_t step = 0; step < num_steps; ++step) {
+    auto time = torch::full({b}, t, f32);
+    torch::Tensor v;
+    if (use_kv_cache) {
+      auto suffix = embed_suffix(obs.state, x, time);
+      const int64_t ts = suffix.embs.size(1), tp = prefix.embs.size(1);
+      auto mask = torch::cat({prefix.pad_mask.unsqueeze(1).expand({b, ts, tp}),
+                              nn::make_attn_mask(suffix.pad_mask, suffix.ar_mask)},
+                             2);
+      auto positions = prefix.pad_mask.to(torch::kLong).sum(1, /*keepdim=*/true) +
+                       suffix.pad_mask.to(torch::kLong).cumsum(1) - 1;
+      auto out = pwe.forward(torch::Tensor(), suffix.embs, mask, positions, suffix.cond, &cache, nullptr, false);
+      v = action_out_proj->forward(nn::upcast(out.suffix.narrow(1, ts - h, h)));
+    } else {
+      v = velocity_full(prefix, obs.state, x, time);
+    }
+    x = x + dt * v;
+    t += dt;
+  }
+  return x;
+}
+
+}  // namespace pi0::model

@@ -1,0 +1,117 @@
+// pi0 / pi0.5: PaliGemma (SigLIP + Gemma prefix expert) and a Gemma action expert sharing one attention over
+// [prefix ; suffix] (openpi pi0.py / pi0_pytorch.py). compute_loss returns the unreduced flow-matching loss;
+// sample_actions integrates the learned velocity field with Euler steps and a prefix KV cache.
+// Shapes: B batch, H action_horizon, A action_dim, Tp prefix tokens, Ts suffix tokens, Wp/We expert widths.
+#pragma once
+#include <optional>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "pi0/model/gemma.h"
+#include "pi0/model/observation.h"
+#include "pi0/model/siglip.h"
+
+namespace pi0::model {
+
+struct Pi0Options {
+  bool pi05 = false;                                         ///< pi0.5: adaRMS time conditioning, no state token
+  GemmaOptions paligemma = gemma_variant("gemma_2b");        ///< prefix expert (with token embedding)
+  GemmaOptions action_expert = gemma_variant("gemma_300m");  ///< suffix expert (vocab_size ignored)
+  SiglipOptions siglip = siglip_variant("So400m/14");
+  int64_t action_dim = 32;      ///< A: state and actions are zero-padded to this
+  int64_t action_horizon = 50;  ///< H
+  int64_t max_token_len = 48;   ///< L: 48 for pi0, 200 for pi0.5 in the reference
+};
+
+/// Full-size configs of the released models (pi05 selects pi0.5).
+Pi0Options pi0_options(bool pi05);
+/// Tiny model for tests: "dummy" Gemma experts, "tiny/14" SigLIP, action_dim 8, horizon 4, 6 tokens.
+Pi0Options dummy_options(bool pi05, int64_t vocab_size = 128, int64_t image_size = 28);
+
+/// The joint forward over both experts, layer by layer. Module names follow openpi's PyTorch state_dict:
+/// paligemma.model.{vision_tower.vision_model, multi_modal_projector.linear, language_model}, gemma_expert.model.
+class PaliGemmaWithExpertImpl : public torch::nn::Module {
+ public:
+  explicit PaliGemmaWithExpertImpl(const Pi0Options& o);
+
+  struct Output {
+    torch::Tensor prefix, suffix;  ///< final-normed outputs (undefined for an absent expert)
+  };
+  /// prefix [B,Tp,Wp] and/or suffix [B,Ts,We] embeddings (either may be undefined); mask [B,T,S] bool with
+  /// T = Tp+Ts queries and S = (cached keys) + T keys; positions [B,T]; cond [B,We] for adaRMS (pi0.5).
+  /// With `cache_out`, per-layer post-RoPE keys/values of this pass are stored; with `cache_in`, they are
+  /// prepended to this pass's keys (suffix-only denoise steps). `checkpoint_layers`: recompute each layer in
+  /// backward.
+  Output forward(const torch::Tensor& prefix, const torch::Tensor& suffix, const torch::Tensor& mask,
+                 const torch::Tensor& positions, const torch::Tensor& cond, const KVCache* cache_in,
+                 KVCache* cache_out, bool checkpoint_layers);
+
+  GemmaModel language_model{nullptr};
+  GemmaModel expert{nullptr};
+  Siglip vision{nullptr};
+  nn::Dense projector{nullptr};  ///< SigLIP width → prefix width (openpi's SigLIP "head")
+
+ private:
+  // One layer of both experts; returns {prefix, suffix, k, v}.
+  std::vector<torch::Tensor> layer_forward(int64_t l, const torch::Tensor& prefix, const torch::Tensor& suffix,
+                                           const torch::Tensor& mask, const torch::Tensor& positions,
+                                           const torch::Tensor& cond, const torch::Tensor& k_cache,
+                                           const torch::Tensor& v_cache);
+};
+TORCH_MODULE(PaliGemmaWithExpert);
+
+/// Joint grouped-query attention: q [B,T,N,D], k/v [B,S,K,D] (post-RoPE, scaled q), mask [B,T,S] bool →
+/// [B,T,N·D]. Logits and softmax in float32; masked logits set to kMaskValue.
+torch::Tensor joint_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& mask);
+
+class Pi0Impl : public torch::nn::Module {
+ public:
+  explicit Pi0Impl(Pi0Options o);
+
+  /// Per-element flow-matching loss [B,H,A] (no reduction). noise ~ N(0,I) [B,H,A] and time t ∈ (0,1] [B] are
+  /// sampled from the global generator when not given: t = Beta(1.5,1)·0.999 + 0.001.
+  torch::Tensor compute_loss(const Observation& obs, const torch::Tensor& actions,
+                             std::optional<torch::Tensor> noise = std::nullopt,
+                             std::optional<torch::Tensor> time = std::nullopt);
+  /// Euler integration from t=1 (noise) to t=0 with dt = −1/num_steps. use_kv_cache=false recomputes the
+  /// prefix at every step (reference check and benchmark baseline). Returns [B,H,A] float32.
+  torch::Tensor sample_actions(const Observation& obs, std::optional<torch::Tensor> noise = std::nullopt,
+                               int64_t num_steps = 10, bool use_kv_cache = true);
+
+  /// Dtype of activations in the transformer blocks (float32 or bfloat16); norms, softmax and the loss stay
+  /// float32 whatever this is.
+  void set_compute_dtype(torch::ScalarType dtype) { compute_dtype_ = dtype; }
+  torch::ScalarType compute_dtype() const { return compute_dtype_; }
+  /// Recompute each transformer layer (both experts' layer together, and each SigLIP block) in backward.
+  void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
+  bool gradient_checkpointing() const { return checkpointing_; }
+
+  struct Embedded {
+    torch::Tensor embs;      ///< [B,T,W] compute dtype
+    torch::Tensor pad_mask;  ///< [B,T] bool
+    torch::Tensor ar_mask;   ///< [T] bool
+    torch::Tensor cond;      ///< pi0.5 adaRMS conditioning [B,We] float32, else undefined
+  };
+  Embedded embed_prefix(const Observation& obs);
+  Embedded embed_suffix(const torch::Tensor& state, const torch::Tensor& x_t, const torch::Tensor& time);
+  /// Velocity v_t [B,H,A] from one joint pass over prefix and suffix (no cache).
+  torch::Tensor velocity_full(const Embedded& prefix, const torch::Tensor& state, const torch::Tensor& x_t,
+                              const torch::Tensor& time);
+
+  const Pi0Options& options() const { return options_; }
+
+  PaliGemmaWithExpert paligemma_with_expert{nullptr};
+  nn::Dense action_in_proj{nullptr}, action_out_proj{nullptr};
+  nn::Dense state_proj{nullptr}, action_time_mlp_in{nullptr}, action_time_mlp_out{nullptr};  // pi0
+  nn::Dense time_mlp_in{nullptr}, time_mlp_out{nullptr};                                      // pi0.5
+
+ private:
+  Pi0Options options_;
+  torch::ScalarType compute_dtype_ = torch::kFloat32;
+  bool checkpointing_ = false;
+};
+TORCH_MODULE(Pi0);
+
+}  // namespace pi0::model

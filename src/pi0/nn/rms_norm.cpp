@@ -1,0 +1,29 @@
+#include "pi0/nn/rms_norm.h"
+
+namespace pi0::nn {
+
+RMSNormImpl::RMSNormImpl(RMSNormOptions options_) : options(options_) { reset(); }
+
+void RMSNormImpl::reset() {
+  if (adaptive()) {
+    dense = register_module("dense", Dense(DenseOptions(options.cond_dim(), 3 * options.width()).init("zeros")));
+  } else {
+    weight = register_parameter("weight", torch::zeros({options.width()}));
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> RMSNormImpl::forward(const torch::Tensor& x, const torch::Tensor& cond) {
+  const auto x32 = upcast(x);
+  const auto n = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + options.eps());
+  if (!adaptive()) {
+    TORCH_CHECK(!cond.defined(), "plain RMSNorm got a conditioning vector");
+    return {(n * (1.0 + weight.to(x32.scalar_type()))).to(x.scalar_type()), torch::Tensor()};
+  }
+  TORCH_CHECK(cond.defined(), "adaptive RMSNorm needs a conditioning vector");
+  const auto mod = dense->forward(cond.to(x32.scalar_type())).unsqueeze(1);  // [B,1,3W]
+  const auto parts = mod.chunk(3, -1);                                     // scale, shift, gate
+  const auto y = n * (1.0 + parts[0]) + parts[1];
+  return {y.to(x.scalar_type()), parts[2]};
+}
+
+}  // namespace pi0::nn

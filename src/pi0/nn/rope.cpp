@@ -1,0 +1,31 @@
+#include "pi0/nn/rope.h"
+
+#include "pi0/nn/dense.h"
+
+#include <cmath>
+
+namespace pi0::nn {
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta) {
+  const int64_t d = x.size(-1);
+  TORCH_CHECK(d % 2 == 0, "RoPE needs an even head dim, got ", d);
+  auto x32 = upcast(x);
+  auto f32 = torch::TensorOptions().dtype(x32.scalar_type()).device(x.device());
+  auto frac = torch::arange(0, d / 2, f32) * (2.0 / static_cast<double>(d));
+  auto inv_timescale = torch::pow(theta, -frac);                                       // [D/2]
+  auto angle = positions.to(x32.scalar_type()).unsqueeze(-1) * inv_timescale;            // [B,T,D/2]
+  auto sin = angle.sin().unsqueeze(2), cos = angle.cos().unsqueeze(2);                 // [B,T,1,D/2]
+  auto x1 = x32.narrow(-1, 0, d / 2), x2 = x32.narrow(-1, d / 2, d / 2);
+  return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).to(x.scalar_type());
+}
+
+torch::Tensor posemb_sincos(const torch::Tensor& t, int64_t dim, double min_period, double max_period) {
+  TORCH_CHECK(dim % 2 == 0, "posemb_sincos needs an even dim, got ", dim);
+  auto f64 = torch::TensorOptions().dtype(torch::kFloat64).device(t.device());
+  auto fraction = torch::linspace(0.0, 1.0, dim / 2, f64);
+  auto period = min_period * torch::pow(max_period / min_period, fraction);
+  auto arg = t.to(torch::kFloat64).unsqueeze(-1) * (2.0 * M_PI / period).unsqueeze(0);
+  return torch::cat({arg.sin(), arg.cos()}, -1).to(upcast(t).scalar_type());
+}
+
+}  // namespace pi0::nn

@@ -1,0 +1,14 @@
+// Rotary position embedding, split-half ("rotate_half") layout, theta 10000 (openpi gemma.py _apply_rope).
+#pragma once
+#include <torch/torch.h>
+
+namespace pi0::nn {
+
+/// x [B,T,H,D] (any float dtype), positions [B,T] integer. Computed in float32, returned in x's dtype:
+/// θ_i = pos / theta^(2i/D), out = [x1·cosθ − x2·sinθ ; x2·cosθ + x1·sinθ] with x1 = x[..., :D/2].
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta = 10000.0);
+
+/// Sinusoidal timestep embedding (openpi posemb_sincos): t [B] → [B, dim], sin half first; computed in float64.
+torch::Tensor posemb_sincos(const torch::Tensor& t, int64_t dim, double min_period = 4e-3, double max_period = 4.0);
+
+}  // namespace pi0::nn

@@ -1,0 +1,74 @@
+// Helpers shared by tests: random observations for small models, finite-difference gradients, temp dirs.
+#pragma once
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "pi0/model/observation.h"
+#include "pi0/model/pi0.h"
+
+namespace pi0::testing {
+
+/// A random observation for `o` with `num_cameras` images (image_size from o.siglip), all masks true, and
+/// prompts of `o.max_token_len` tokens whose last `pad` tokens are padding.
+inline model::Observation random_observation(const model::Pi0Options& o, int64_t batch, int64_t num_cameras = 2,
+                                             int64_t pad = 1, torch::ScalarType dtype = torch::kFloat32) {
+  model::Observation obs;
+  const int64_t s = o.siglip.image_size;
+  for (int64_t c = 0; c < num_cameras; ++c) {
+    obs.images.push_back(torch::rand({batch, 3, s, s}, dtype) * 2 - 1);
+    obs.image_masks.push_back(torch::ones({batch}, torch::kBool));
+  }
+  obs.state = torch::randn({batch, o.action_dim}, dtype);
+  obs.tokenized_prompt = torch::randint(1, o.paligemma.vocab_size, {batch, o.max_token_len}, torch::kLong);
+  obs.tokenized_prompt_mask = torch::ones({batch, o.max_token_len}, torch::kBool);
+  if (pad > 0) {
+    obs.tokenized_prompt.narrow(1, o.max_token_len - pad, pad).zero_();
+    obs.tokenized_prompt_mask.narrow(1, o.max_token_len - pad, pad).fill_(false);
+  }
+  return obs;
+}
+
+/// Central finite difference of scalar f() with respect to t.flatten()[i] (t modified in place and restored).
+inline double finite_difference(const std::function<double()>& f, torch::Tensor t, int64_t i, double h = 1e-6) {
+  torch::NoGradGuard no_grad;
+  auto flat = t.view({-1});
+  const double orig = flat[i].item<double>();
+  flat[i] = orig + h;
+  const double up = f();
+  flat[i] = orig - h;
+  const double down = f();
+  flat[i] = orig;
+  return (up - down) / (2 * h);
+}
+
+/// max |a − b| / max(|b|_max, tiny): one relative error for a whole tensor.
+inline double max_rel_error(const torch::Tensor& a, const torch::Tensor& b) {
+  auto diff = (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+  auto scale = b.to(torch::kFloat64).abs().max().item<double>();
+  return diff / std::max(scale, 1e-30);
+}
+
+/// A fresh empty directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "pi0test") {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() / (tag + "_" + std::to_string(rd()) + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+  std::string str(const std::string& child = "") const { return child.empty() ? path_.string() : (path_ / child).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace pi0::testing

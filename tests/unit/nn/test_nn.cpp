@@ -1,0 +1,154 @@
+// Building blocks: RoPE and timestep embedding against hand-computed values, attention masks and positions on
+// tabulated cases, adaptive RMSNorm at init and its finite-difference gradient, gradient checkpointing.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "pi0/nn/attention_mask.h"
+#include "pi0/nn/checkpoint.h"
+#include "pi0/nn/rms_norm.h"
+#include "pi0/nn/rope.h"
+#include "support/test_support.h"
+
+using namespace pi0;
+
+namespace {
+torch::Tensor bools(std::vector<int> v) {
+  auto t = torch::empty({static_cast<int64_t>(v.size())}, torch::kBool);
+  for (size_t i = 0; i < v.size(); ++i) t[i] = bool(v[i]);
+  return t;
+}
+torch::Tensor bool_matrix(std::vector<std::vector<int>> rows) {
+  std::vector<torch::Tensor> r;
+  for (auto& row : rows) r.push_back(bools(row));
+  return torch::stack(r);
+}
+}  // namespace
+
+TEST_CASE("posemb_sincos matches the formula sin(t·2π/period) | cos(...)", "[unit][nn]") {
+  auto t = torch::tensor({0.5, 0.001}, torch::kFloat64);
+  auto emb = nn::posemb_sincos(t, 6, 4e-3, 4.0);
+  REQUIRE(emb.sizes() == torch::IntArrayRef({2, 6}));
+  for (int b = 0; b < 2; ++b) {
+    const double tv = b == 0 ? 0.5 : 0.001;
+    for (int i = 0; i < 3; ++i) {
+      const double period = 4e-3 * std::pow(4.0 / 4e-3, i / 2.0);  // linspace(0,1,3) = 0, .5, 1
+      const double arg = tv * 2 * M_PI / period;
+      CHECK(emb[b][i].item<double>() == Approx(std::sin(arg)).margin(1e-12));
+      CHECK(emb[b][i + 3].item<double>() == Approx(std::cos(arg)).margin(1e-12));
+    }
+  }
+  // float32 input gives float32 output (the model's time embedding dtype).
+  CHECK(nn::posemb_sincos(torch::ones({1}), 4).scalar_type() == torch::kFloat32);
+}
+
+TEST_CASE("RoPE rotates split halves with theta 10000", "[unit][nn]") {
+  auto x = torch::tensor({1.0, 2.0, 3.0, 4.0}, torch::kFloat64).view({1, 1, 1, 4});
+  auto pos = torch::tensor({3}, torch::kLong).view({1, 1});
+  auto y = nn::apply_rope(x, pos).view({4});
+  const double a0 = 3.0, a1 = 3.0 / std::pow(10000.0, 0.5);  // θ_i = pos / 10000^(2i/D), D = 4
+  CHECK(y[0].item<double>() == Approx(1 * std::cos(a0) - 3 * std::sin(a0)));
+  CHECK(y[1].item<double>() == Approx(2 * std::cos(a1) - 4 * std::sin(a1)));
+  CHECK(y[2].item<double>() == Approx(3 * std::cos(a0) + 1 * std::sin(a0)));
+  CHECK(y[3].item<double>() == Approx(4 * std::cos(a1) + 2 * std::sin(a1)));
+  // Position 0 is the identity; bf16 input returns bf16.
+  auto z = torch::randn({2, 3, 2, 8});
+  CHECK(torch::allclose(nn::apply_rope(z, torch::zeros({2, 3}, torch::kLong)), z));
+  CHECK(nn::apply_rope(z.to(torch::kBFloat16), torch::zeros({2, 3}, torch::kLong)).scalar_type() == torch::kBFloat16);
+}
+
+TEST_CASE("attention mask and positions: pi0 layout with a masked camera and a padded token", "[unit][nn]") {
+  // tokens: imgA (valid), imgB (camera masked), txt0, txt1 (pad), state, act0, act1
+  auto input_mask = bools({1, 0, 1, 0, 1, 1, 1}).view({1, 7});
+  auto ar_mask = bools({0, 0, 0, 0, 1, 1, 0});
+  auto expected = bool_matrix({{1, 0, 1, 0, 0, 0, 0},
+                               {0, 0, 0, 0, 0, 0, 0},
+                               {1, 0, 1, 0, 0, 0, 0},
+                               {0, 0, 0, 0, 0, 0, 0},
+                               {1, 0, 1, 0, 1, 0, 0},
+                               {1, 0, 1, 0, 1, 1, 1},
+                               {1, 0, 1, 0, 1, 1, 1}});
+  CHECK(torch::equal(nn::make_attn_mask(input_mask, ar_mask)[0], expected));
+  CHECK(torch::equal(nn::positions_from_mask(input_mask)[0], torch::tensor({0, 0, 1, 1, 2, 3, 4}, torch::kLong)));
+}
+
+TEST_CASE("attention mask and positions: pi0.5 layout (actions see prefix and each other)", "[unit][nn]") {
+  auto input_mask = bools({1, 0, 1, 0, 1, 1}).view({1, 6});
+  auto ar_mask = bools({0, 0, 0, 0, 1, 0});
+  auto expected = bool_matrix({{1, 0, 1, 0, 0, 0},
+                               {0, 0, 0, 0, 0, 0},
+                               {1, 0, 1, 0, 0, 0},
+                               {0, 0, 0, 0, 0, 0},
+                               {1, 0, 1, 0, 1, 1},
+                               {1, 0, 1, 0, 1, 1}});
+  CHECK(torch::equal(nn::make_attn_mask(input_mask, ar_mask)[0], expected));
+  CHECK(torch::equal(nn::positions_from_mask(input_mask)[0], torch::tensor({0, 0, 1, 1, 2, 3}, torch::kLong)));
+  // A [B,T] ar mask gives the same result as the broadcast [T] one.
+  CHECK(torch::equal(nn::make_attn_mask(input_mask, ar_mask.view({1, 6})), nn::make_attn_mask(input_mask, ar_mask)));
+}
+
+TEST_CASE("adaptive RMSNorm at zero init is plain RMS normalization with gate 0", "[unit][nn]") {
+  nn::RMSNorm ada(nn::RMSNormOptions(16).cond_dim(8));
+  auto x = torch::randn({2, 5, 16}), cond = torch::randn({2, 8});
+  auto [y, gate] = ada->forward(x, cond);
+  auto expected = x / torch::sqrt(x.pow(2).mean(-1, true) + 1e-6);
+  CHECK(torch::allclose(y, expected, 1e-5, 1e-6));
+  REQUIRE(gate.defined());
+  CHECK(gate.sizes() == torch::IntArrayRef({2, 1, 16}));
+  CHECK(gate.abs().max().item<float>() == 0.0f);
+  nn::RMSNorm plain(nn::RMSNormOptions(16));
+  auto [y2, g2] = plain->forward(x);
+  CHECK(!g2.defined());
+  CHECK(torch::allclose(y2, expected, 1e-5, 1e-6));
+  // bf16 in → bf16 out, computed in float32.
+  CHECK(plain->forward(x.to(torch::kBFloat16)).first.scalar_type() == torch::kBFloat16);
+}
+
+TEST_CASE("adaptive RMSNorm gradient matches finite differences (float64)", "[unit][nn]") {
+  nn::RMSNorm ada(nn::RMSNormOptions(6).cond_dim(4));
+  ada->to(torch::kFloat64);
+  {
+    torch::NoGradGuard ng;
+    ada->dense->weight.normal_(0, 0.5);
+    ada->dense->bias.normal_(0, 0.5);
+  }
+  auto x = torch::randn({2, 3, 6}, torch::kFloat64).requires_grad_(true);
+  auto cond = torch::randn({2, 4}, torch::kFloat64).requires_grad_(true);
+  auto w_out = torch::randn({2, 3, 6}, torch::kFloat64), g_out = torch::randn({2, 1, 6}, torch::kFloat64);
+  auto objective = [&]() {
+    auto [y, g] = ada->forward(x, cond);
+    return (y * w_out).sum() + (g * g_out).sum();
+  };
+  auto grads = torch::autograd::grad({objective()}, {x, cond, ada->dense->weight});
+  auto f = [&]() { return objective().item<double>(); };
+  std::vector<torch::Tensor> targets = {x, cond, ada->dense->weight};
+  for (size_t k = 0; k < targets.size(); ++k) {
+    for (int64_t i = 0; i < targets[k].numel(); i += 3) {
+      const double fd = testing::finite_difference(f, targets[k].detach(), i);
+      CHECK(grads[k].view({-1})[i].item<double>() == Approx(fd).epsilon(1e-6).margin(1e-8));
+    }
+  }
+}
+
+TEST_CASE("gradient checkpointing gives the same values and gradients", "[unit][nn]") {
+  auto w = torch::randn({8, 8}, torch::requires_grad());
+  auto fn = [&](const nn::TensorList& in) {
+    auto h = torch::tanh(torch::matmul(in[0], w));
+    return nn::TensorList{h * in[1], torch::Tensor(), h.sum(-1)};
+  };
+  auto x = torch::randn({3, 8}, torch::requires_grad()), s = torch::randn({3, 8}, torch::requires_grad());
+  auto plain = fn({x, s});
+  auto loss_plain = plain[0].pow(2).sum() + plain[2].sum();
+  auto g_plain = torch::autograd::grad({loss_plain}, {x, s, w});
+  auto ck = nn::checkpoint(fn, {x, s});
+  CHECK(!ck[1].defined());
+  REQUIRE(ck[0].requires_grad());  // the graph stays connected through the checkpoint
+  REQUIRE(ck[2].requires_grad());
+  auto loss_ck = ck[0].pow(2).sum() + ck[2].sum();
+  CHECK(torch::allclose(loss_plain, loss_ck));
+  loss_ck.backward();
+  CHECK(torch::allclose(x.grad(), g_plain[0], 1e-6, 1e-7));
+  CHECK(torch::allclose(s.grad(), g_plain[1], 1e-6, 1e-7));
+  CHECK(torch::allclose(w.grad(), g_plain[2], 1e-6, 1e-7));
+  CHECK(w.grad().abs().sum().item<float>() > 0);
+}
