@@ -1,0 +1,325 @@
+#include "pi0/config/config.h"
+
+#include <algorithm>
+#include <array>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "pi0/common/check.h"
+
+namespace pi0::config {
+namespace {
+
+std::string scalar_text(const YAML::Node& n) {
+  if (n.IsScalar()) return n.Scalar();
+  YAML::Emitter e;
+  e << YAML::Flow << n;
+  return e.c_str();
+}
+
+[[noreturn]] void type_error(const std::string& source, const std::string& key, const YAML::Node& n,
+                             const std::string& expected) {
+  throw UserError(source + ": " + key + " must be " + expected + " (got '" + scalar_text(n) + "')");
+}
+
+template <class T>
+T scalar_as(const YAML::Node& n, const std::string& source, const std::string& key, const std::string& expected) {
+  if (!n.IsScalar()) type_error(source, key, n, expected);
+  try {
+    return n.as<T>();
+  } catch (const YAML::Exception&) {
+    type_error(source, key, n, expected);
+  }
+}
+
+void parse(const YAML::Node& n, int64_t& out, const std::string& src, const std::string& key) {
+  out = scalar_as<int64_t>(n, src, key, "an integer");
+}
+void parse(const YAML::Node& n, double& out, const std::string& src, const std::string& key) {
+  out = scalar_as<double>(n, src, key, "a number");
+}
+void parse(const YAML::Node& n, bool& out, const std::string& src, const std::string& key) {
+  out = scalar_as<bool>(n, src, key, "true or false");
+}
+void parse(const YAML::Node& n, std::string& out, const std::string& src, const std::string& key) {
+  out = scalar_as<std::string>(n, src, key, "a string");
+}
+template <class T>
+void parse(const YAML::Node& n, std::vector<T>& out, const std::string& src, const std::string& key);
+void parse(const YAML::Node& n, std::map<std::string, std::string>& out, const std::string& src,
+           const std::string& key) {
+  if (!n.IsMap()) type_error(src, key, n, "a mapping of names to strings");
+  out.clear();
+  for (const auto& kv : n) {
+    out[kv.first.as<std::string>()] =
+        scalar_as<std::string>(kv.second, src, key + "." + kv.first.as<std::string>(), "a string");
+  }
+}
+
+// Reads one section's fields; remembers which keys it knows so unknown ones can be reported.
+struct Reader {
+  YAML::Node node;
+  std::string prefix, source;
+  std::vector<std::string> known;
+
+  template <class T>
+  void operator()(const char* key, T& field, const char*) {
+    known.push_back(key);
+    if (!node.IsMap()) return;
+    const YAML::Node n = node[key];
+    if (!n || n.IsNull()) return;
+    parse(n, field, source, prefix + key);
+  }
+  template <class S>
+  void section(const char* key, S& s) {
+    known.push_back(key);
+    YAML::Node n = node.IsMap() ? node[key] : YAML::Node();
+    read_struct(n, s, prefix + key + ".", source);
+  }
+  void finish() const {
+    if (!node || node.IsNull()) return;
+    if (!node.IsMap()) {
+      throw UserError(source + ": " + (prefix.empty() ? std::string("the file") : prefix.substr(0, prefix.size() - 1)) +
+                      " must be a mapping of keys to values");
+    }
+    for (const auto& kv : node) {
+      const auto key = kv.first.as<std::string>();
+      if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+      std::string msg = source + ": unknown key '" + prefix + key + "'";
+      const auto guess = did_you_mean(key, known);
+      if (!guess.empty()) msg += " (did you mean '" + prefix + guess + "'?)";
+      throw UserError(msg);
+    }
+  }
+
+  template <class S>
+  static void read_struct(const YAML::Node& n, S& s, const std::string& prefix, const std::string& source) {
+    Reader r{n, prefix, source, {}};
+    s.visit(r);
+    r.finish();
+  }
+};
+
+template <class T>
+void parse(const YAML::Node& n, std::vector<T>& out, const std::string& src, const std::string& key) {
+  if (!n.IsSequence()) type_error(src, key, n, "a list");
+  out.clear();
+  for (size_t i = 0; i < n.size(); ++i) {
+    T value{};
+    const auto item_key = key + "[" + std::to_string(i) + "]";
+    if constexpr (std::is_same_v<T, DatasetConfig>) {
+      if (!n[i].IsMap()) type_error(src, item_key, n[i], "a mapping (format, paths, ...)");
+      Reader::read_struct(n[i], value, item_key + ".", src);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      bool b = false;
+      parse(n[i], b, src, item_key);
+      value = b;
+    } else {
+      parse(n[i], value, src, item_key);
+    }
+    out.push_back(value);
+  }
+}
+
+// Writes fields back to YAML.
+struct Writer {
+  YAML::Node node{YAML::NodeType::Map};
+  template <class T>
+  void operator()(const char* key, const T& field, const char*) {
+    node[key] = encode(field);
+  }
+  template <class S>
+  void section(const char* key, S& s) {
+    Writer w;
+    s.visit(w);
+    node[key] = w.node;
+  }
+  template <class T>
+  static YAML::Node encode(const T& v) {
+    return YAML::Node(v);
+  }
+  static YAML::Node encode(const std::vector<bool>& v) {
+    YAML::Node n(YAML::NodeType::Sequence);
+    for (bool b : v) n.push_back(b);
+    return n;
+  }
+  static YAML::Node encode(const std::vector<std::string>& v) {
+    YAML::Node n(YAML::NodeType::Sequence);
+    for (const auto& s : v) n.push_back(s);
+    return n;
+  }
+  static YAML::Node encode(const std::vector<DatasetConfig>& v) {
+    YAML::Node n(YAML::NodeType::Sequence);
+    for (auto d : v) {
+      Writer w;
+      d.visit(w);
+      n.push_back(w.node);
+    }
+    return n;
+  }
+};
+
+// Collects (key, default, doc) for the reference.
+struct Lister {
+  std::string prefix;
+  std::vector<std::array<std::string, 3>>* out;
+  template <class T>
+  void operator()(const char* key, const T& field, const char* doc) {
+    out->push_back({prefix + key, scalar_text(Writer::encode(field)), doc});
+  }
+  template <class S>
+  void section(const char* key, S& s) {
+    Lister l{prefix + key + ".", out};
+    s.visit(l);
+  }
+};
+
+void apply_override(YAML::Node& root, const std::string& assignment, const std::string& source) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    throw UserError("--set expects section.key=value (got '" + assignment + "')");
+  }
+  const auto key = assignment.substr(0, eq);
+  YAML::Node value;
+  try {
+    value = YAML::Load(assignment.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    throw UserError("--set " + key + ": value is not valid YAML (" + e.msg + ")");
+  }
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  if (parts.size() < 2) throw UserError("--set expects section.key=value (got '" + assignment + "')");
+  std::vector<YAML::Node> chain = {root};
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    YAML::Node child = chain.back()[parts[i]];
+    if (!child.IsDefined() || child.IsNull()) {
+      chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      child = chain.back()[parts[i]];
+    }
+    if (!child.IsMap()) throw UserError("--set " + key + ": '" + parts[i] + "' is not a section");
+    chain.push_back(child);
+  }
+  chain.back()[parts.back()] = value;
+  (void)source;
+}
+
+template <class T>
+void require(bool ok, const std::string& key, const T& value, const std::string& expected) {
+  if (ok) return;
+  std::ostringstream os;
+  os << key << " must be " << expected << " (got " << value << ")";
+  throw UserError(os.str());
+}
+
+}  // namespace
+
+std::string did_you_mean(const std::string& key, const std::vector<std::string>& candidates) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      std::swap(prev, cur);
+    }
+    return prev[b.size()];
+  };
+  std::string best;
+  size_t best_d = std::max<size_t>(3, key.size() / 3) + 1;
+  for (const auto& c : candidates) {
+    const size_t d = distance(key, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best;
+}
+
+Config parse_config(const YAML::Node& input, const std::string& source, const std::vector<std::string>& overrides) {
+  YAML::Node root = input && !input.IsNull() ? YAML::Clone(input) : YAML::Node(YAML::NodeType::Map);
+  if (!root.IsMap()) throw UserError(source + ": the config must be a mapping of sections (model, data, train, ...)");
+  for (const auto& o : overrides) apply_override(root, o, source);
+  Config c;
+  Reader::read_struct(root, c, "", source);
+  validate(c);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream f(path);
+  if (!f) throw UserError("config file '" + path + "' cannot be read (missing or not readable)");
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    throw UserError("config file '" + path + "' is not valid YAML: line " + std::to_string(e.mark.line + 1) + ": " +
+                    e.msg);
+  }
+  return parse_config(root, path, overrides);
+}
+
+void validate(const Config& c) {
+  const auto& m = c.model;
+  require(m.type == "pi0" || m.type == "pi05", "model.type", "'" + m.type + "'", "pi0 or pi05");
+  require(m.vocab_size > 0, "model.vocab_size", m.vocab_size, "> 0");
+  require(m.image_size > 0, "model.image_size", m.image_size, "> 0");
+  require(m.action_dim > 0, "model.action_dim", m.action_dim, "> 0");
+  require(m.action_horizon > 0, "model.action_horizon", m.action_horizon, "> 0");
+  require(m.max_token_len >= 0, "model.max_token_len", m.max_token_len, ">= 0 (0 = model default)");
+  for (size_t i = 0; i < c.data.datasets.size(); ++i) {
+    const auto& d = c.data.datasets[i];
+    const auto key = "data.datasets[" + std::to_string(i) + "]";
+    require(d.format == "libero" || d.format == "aloha", key + ".format", "'" + d.format + "'", "libero or aloha");
+    require(!d.paths.empty(), key + ".paths", "[]", "a non-empty list of files or globs");
+  }
+  require(c.data.num_workers >= 0, "data.num_workers", c.data.num_workers, ">= 0");
+  require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, ">= 1");
+  const auto& t = c.train;
+  require(t.num_steps > 0, "train.num_steps", t.num_steps, "> 0");
+  require(t.batch_size > 0, "train.batch_size", t.batch_size, "> 0");
+  require(t.grad_accum_steps > 0, "train.grad_accum_steps", t.grad_accum_steps, "> 0");
+  require(t.batch_size % t.grad_accum_steps == 0, "train.batch_size", t.batch_size,
+          "a multiple of train.grad_accum_steps (" + std::to_string(t.grad_accum_steps) + ")");
+  require(t.precision == "float32" || t.precision == "bf16-mixed" || t.precision == "bf16", "train.precision",
+          "'" + t.precision + "'", "float32, bf16-mixed or bf16");
+  require(t.device == "cpu" || t.device.rfind("cuda", 0) == 0, "train.device", "'" + t.device + "'",
+          "cpu, cuda or cuda:N");
+  require(t.lr_warmup_steps >= 0, "train.lr_warmup_steps", t.lr_warmup_steps, ">= 0");
+  require(t.lr_peak > 0, "train.lr_peak", t.lr_peak, "> 0");
+  require(t.lr_end >= 0, "train.lr_end", t.lr_end, ">= 0");
+  require(t.lr_decay_steps >= t.lr_warmup_steps, "train.lr_decay_steps", t.lr_decay_steps,
+          ">= train.lr_warmup_steps (" + std::to_string(t.lr_warmup_steps) + ")");
+  require(t.adam_b1 >= 0 && t.adam_b1 < 1, "train.adam_b1", t.adam_b1, "in [0, 1)");
+  require(t.adam_b2 >= 0 && t.adam_b2 < 1, "train.adam_b2", t.adam_b2, "in [0, 1)");
+  require(t.adam_eps > 0, "train.adam_eps", t.adam_eps, "> 0");
+  require(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, ">= 0");
+  require(t.clip_grad_norm >= 0, "train.clip_grad_norm", t.clip_grad_norm, ">= 0 (0 = off)");
+  require(t.ema_decay >= 0 && t.ema_decay < 1, "train.ema_decay", t.ema_decay, "in [0, 1) (0 = off)");
+  require(t.max_nonfinite_skips >= 0, "train.max_nonfinite_skips", t.max_nonfinite_skips, ">= 0");
+  require(t.log_interval > 0, "train.log_interval", t.log_interval, "> 0");
+  const auto& k = c.checkpoint;
+  require(!k.run_dir.empty(), "checkpoint.run_dir", "''", "a directory path");
+  require(k.save_interval > 0, "checkpoint.save_interval", k.save_interval, "> 0");
+  require(k.keep_last >= 1, "checkpoint.keep_last", k.keep_last, ">= 1");
+  require(k.keep_period >= 0, "checkpoint.keep_period", k.keep_period, ">= 0 (0 = none)");
+  require(c.dist.bucket_size_mb > 0, "dist.bucket_size_mb", c.dist.bucket_size_mb, "> 0");
+  require(c.dist.timeout_s > 0, "dist.timeout_s", c.dist.timeout_s, "> 0");
+}
+
+YAML::Node to_yaml(const Config& config) {
+  Writer w;
+  auto copy = config;
+  copy.visit(w);
+  return w.node;
+}
+
+std::vector<std::array<std::string, 3>> config_reference() {
+  std::vector<std::array<std::string, 3>> out;
+  Config defaults;
+  Lister l{"", &out};
+  defaults.visit(l);
+  return out;
+}
+
+}  // namespace pi0::config

@@ -1,0 +1,193 @@
+// Run configuration: one struct per YAML section, layered defaults (here) → YAML file → --set overrides.
+// Every field is listed exactly once, in the section's visit() with its YAML key and a one-line doc; the same
+// list drives parsing (unknown keys rejected with a did-you-mean), dumping the resolved config, and the config
+// reference in docs/config.md (a test keeps them in sync). No torch includes here.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+namespace pi0::config {
+
+struct ModelConfig {
+  std::string type = "pi0";                          // pi0 | pi05
+  std::string paligemma_variant = "gemma_2b";
+  std::string action_expert_variant = "gemma_300m";
+  std::string siglip_variant = "So400m/14";
+  int64_t vocab_size = 257152;
+  int64_t image_size = 224;
+  int64_t action_dim = 32;
+  int64_t action_horizon = 50;
+  int64_t max_token_len = 0;  // 0 → 48 (pi0) or 200 (pi05)
+
+  template <class V>
+  void visit(V& v) {
+    v("type", type, "model family: pi0 (state token, action-time MLP) or pi05 (adaRMS time conditioning)");
+    v("paligemma_variant", paligemma_variant, "prefix Gemma: gemma_2b, gemma_2b_lora or dummy");
+    v("action_expert_variant", action_expert_variant, "action expert Gemma: gemma_300m, gemma_300m_lora or dummy");
+    v("siglip_variant", siglip_variant, "vision tower: So400m/14 (released models), small/14, tiny/14");
+    v("vocab_size", vocab_size, "rows of the token embedding (257152 for PaliGemma; smaller for tiny tokenizers)");
+    v("image_size", image_size, "square image side fed to SigLIP, a multiple of the patch size (224)");
+    v("action_dim", action_dim, "state and actions are zero-padded to this many dims (32)");
+    v("action_horizon", action_horizon, "actions per chunk H (50)");
+    v("max_token_len", max_token_len, "prompt tokens incl. padding; 0 = 48 for pi0, 200 for pi05");
+  }
+};
+
+struct DatasetConfig {
+  std::string format = "libero";             // libero | aloha
+  std::vector<std::string> paths;            // files or globs
+  std::map<std::string, std::string> cameras;  // model slot → dataset image key; empty = format default
+  std::vector<std::string> state_keys;       // empty = format default
+  std::string action_key;                    // empty = format default
+  std::string prompt;                        // empty = from the file's attributes
+
+  template <class V>
+  void visit(V& v) {
+    v("format", format, "HDF5 layout: libero (robomimic, one file, data/demo_N) or aloha (one file per episode)");
+    v("paths", paths, "files or glob patterns of this dataset");
+    v("cameras", cameras, "model camera slot (base_0_rgb, left_wrist_0_rgb, right_wrist_0_rgb) → dataset image key");
+    v("state_keys", state_keys, "dataset keys concatenated into the state vector; empty = format default");
+    v("action_key", action_key, "dataset key of the actions; empty = format default");
+    v("prompt", prompt, "task instruction; empty = read from the file (e.g. LIBERO problem_info)");
+  }
+};
+
+struct DataConfig {
+  std::vector<DatasetConfig> datasets;
+  std::string norm_stats;  // norm_stats.json path
+  std::string tokenizer;   // sentencepiece model path
+  std::vector<bool> delta_action_mask;
+  bool augment = true;
+  int64_t num_workers = 2;
+  int64_t prefetch = 4;
+
+  template <class V>
+  void visit(V& v) {
+    v("datasets", datasets, "list of datasets (each: format, paths, cameras, state_keys, action_key, prompt)");
+    v("norm_stats", norm_stats, "openpi norm_stats.json for state and actions (make it with pi0-norm-stats)");
+    v("tokenizer", tokenizer, "sentencepiece model file (PaliGemma's for released checkpoints)");
+    v("delta_action_mask", delta_action_mask, "per action dim: true = convert to delta w.r.t. the state; empty = off");
+    v("augment", augment, "training image augmentation (random crop, rotation, color jitter)");
+    v("num_workers", num_workers, "loader worker threads");
+    v("prefetch", prefetch, "batches queued ahead of the trainer");
+  }
+};
+
+struct TrainConfig {
+  int64_t num_steps = 30000;
+  int64_t batch_size = 32;
+  int64_t grad_accum_steps = 1;
+  int64_t seed = 42;
+  std::string device = "cpu";
+  std::string precision = "bf16-mixed";
+  bool gradient_checkpointing = false;
+  std::string freeze = "full";
+  std::vector<std::string> trainable_include, trainable_exclude;
+  int64_t lr_warmup_steps = 1000;
+  double lr_peak = 2.5e-5;
+  int64_t lr_decay_steps = 30000;
+  double lr_end = 2.5e-6;
+  double adam_b1 = 0.9, adam_b2 = 0.95, adam_eps = 1e-8;
+  double weight_decay = 1e-10;
+  double clip_grad_norm = 1.0;
+  double ema_decay = 0.99;
+  int64_t max_nonfinite_skips = 0;
+  int64_t log_interval = 100;
+
+  template <class V>
+  void visit(V& v) {
+    v("num_steps", num_steps, "optimizer steps to train");
+    v("batch_size", batch_size, "global batch per optimizer step = per-rank batch × world size × grad_accum_steps");
+    v("grad_accum_steps", grad_accum_steps, "micro-batches accumulated per optimizer step");
+    v("seed", seed, "seed of every random stream (init, noise, time, shuffling, augmentation)");
+    v("device", device, "cpu, cuda or cuda:N (under torchrun the local rank picks the GPU)");
+    v("precision", precision, "float32 | bf16-mixed (f32 master weights, bf16 matmuls) | bf16 (all bf16)");
+    v("gradient_checkpointing", gradient_checkpointing, "recompute each transformer layer in backward to save memory");
+    v("freeze", freeze, "trainable preset: full, projection-only, +vision, +language, action-expert-only, freeze-vision, lora, lora-only");
+    v("trainable_include", trainable_include, "regexes (full match on parameter names) made trainable on top of the preset");
+    v("trainable_exclude", trainable_exclude, "regexes (full match on parameter names) frozen on top of the preset");
+    v("lr_warmup_steps", lr_warmup_steps, "linear warmup steps of the warmup-cosine schedule");
+    v("lr_peak", lr_peak, "learning rate at the end of warmup");
+    v("lr_decay_steps", lr_decay_steps, "step (counted from 0) where the cosine reaches lr_end");
+    v("lr_end", lr_end, "final learning rate");
+    v("adam_b1", adam_b1, "AdamW beta1");
+    v("adam_b2", adam_b2, "AdamW beta2");
+    v("adam_eps", adam_eps, "AdamW epsilon");
+    v("weight_decay", weight_decay, "decoupled weight decay on all trainable parameters");
+    v("clip_grad_norm", clip_grad_norm, "global gradient-norm clipping threshold; 0 = off");
+    v("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
+    v("max_nonfinite_skips", max_nonfinite_skips, "optimizer steps with a non-finite loss/grad norm that may be skipped before the run stops");
+    v("log_interval", log_interval, "steps between progress lines and metrics records");
+  }
+};
+
+struct CheckpointConfig {
+  std::string run_dir = "runs/default";
+  int64_t save_interval = 1000;
+  int64_t keep_last = 2;
+  int64_t keep_period = 5000;
+  std::string init_weights;
+  bool reinit_mismatched_projections = false;
+  std::string asset_id = "default";
+
+  template <class V>
+  void visit(V& v) {
+    v("run_dir", run_dir, "run directory: resolved config, metrics.jsonl, checkpoints/<step>/");
+    v("save_interval", save_interval, "steps between checkpoints (a final one is always written)");
+    v("keep_last", keep_last, "newest checkpoints kept");
+    v("keep_period", keep_period, "checkpoints at multiples of this step are kept forever; 0 = none");
+    v("init_weights", init_weights, "openpi/LeRobot model.safetensors to start from (weights only); empty = random init");
+    v("reinit_mismatched_projections", reinit_mismatched_projections, "re-initialize action/state projections whose shape differs from init_weights (different action_dim)");
+    v("asset_id", asset_id, "name of the assets/<asset_id>/ folder holding norm_stats.json in exports");
+  }
+};
+
+struct DistConfig {
+  int64_t bucket_size_mb = 25;
+  int64_t timeout_s = 300;
+
+  template <class V>
+  void visit(V& v) {
+    v("bucket_size_mb", bucket_size_mb, "gradient all-reduce bucket size in MB");
+    v("timeout_s", timeout_s, "seconds before a collective waiting on a dead or hung rank fails the run");
+  }
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  DistConfig dist;
+
+  template <class V>
+  void visit(V& v) {
+    v.section("model", model);
+    v.section("data", data);
+    v.section("train", train);
+    v.section("checkpoint", checkpoint);
+    v.section("dist", dist);
+  }
+};
+
+/// Loads `path` (YAML), applies `overrides` ("section.key=value", value parsed as YAML), validates. Relative
+/// paths inside the file stay relative to the working directory. Throws pi0::UserError naming the file/key.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+/// Same from YAML text (tests); `source` names it in messages.
+Config parse_config(const YAML::Node& root, const std::string& source, const std::vector<std::string>& overrides = {});
+/// Range and consistency checks; throws pi0::UserError ("train.batch_size must be > 0 (got 0)").
+void validate(const Config& config);
+/// The resolved config as YAML (round-trips through parse_config).
+YAML::Node to_yaml(const Config& config);
+/// Every key as (dotted key, default value as text, doc) in declaration order, for the reference docs.
+std::vector<std::array<std::string, 3>> config_reference();
+
+/// Closest candidate by edit distance, or "" if none is close enough.
+std::string did_you_mean(const std::string& key, const std::vector<std::string>& candidates);
+
+}  // namespace pi0::config
