@@ -15,6 +15,10 @@ GemmaOptions gemma_variant(const std::string& name) {
   if (lora) base = base.substr(0, base.size() - lora_suffix.size());
   if (base == "dummy") {
     o = GemmaOptions{64, 4, 128, 8, 1, 16};
+  } else if (base == "small_512") {  // CPU benchmark sizes (configs/bench_cpu.yaml)
+    o = GemmaOptions{512, 6, 2048, 8, 1, 64};
+  } else if (base == "small_256") {
+    o = GemmaOptions{256, 6, 1024, 8, 1, 64};
   } else if (base == "gemma_300m") {
     o = GemmaOptions{1024, 18, 4096, 8, 1, 256};
     if (lora) o.lora_rank = 32, o.lora_alpha = 32.0;
@@ -23,7 +27,7 @@ GemmaOptions gemma_variant(const std::string& name) {
     if (lora) o.lora_rank = 16, o.lora_alpha = 16.0;
   } else {
     throw UserError("unknown Gemma variant '" + name +
-                    "' (expected dummy, gemma_300m, gemma_2b, gemma_300m_lora or gemma_2b_lora)");
+                    "' (expected dummy, small_256, small_512, gemma_300m, gemma_2b, gemma_300m_lora or gemma_2b_lora)");
   }
   if (lora && o.lora_rank == 0) throw UserError("Gemma variant '" + name + "' has no LoRA form");
   o.vocab_size = kPaligemmaVocabSize;

@@ -25,7 +25,8 @@ struct GemmaOptions {
   double lora_alpha = 0.0;  ///< LoRA scaling = alpha / rank
 };
 
-/// Named variants of openpi gemma.py get_config: "dummy", "gemma_300m", "gemma_2b" (+ "_lora" suffixes).
+/// Named variants of openpi gemma.py get_config: "dummy", "gemma_300m", "gemma_2b" (+ "_lora" suffixes), and
+/// "small_512" / "small_256" (6 layers, head_dim 64) for the CPU benchmark.
 /// vocab_size is set to 257152 (PaliGemma) for every variant; callers clear it for the action expert.
 GemmaOptions gemma_variant(const std::string& name);
 

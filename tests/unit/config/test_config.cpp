@@ -1,0 +1,93 @@
+// Config: layering (defaults → YAML → --set), strict keys with did-you-mean, type and range errors naming the
+// key and value, and round trip of the resolved config.
+#include <catch2/catch.hpp>
+
+#include "pi0/common/check.h"
+#include "pi0/config/config.h"
+
+using namespace pi0::config;
+using Catch::Contains;
+
+namespace {
+Config parse(const std::string& yaml, std::vector<std::string> overrides = {}) {
+  return parse_config(YAML::Load(yaml), "run.yaml", overrides);
+}
+}  // namespace
+
+TEST_CASE("config layers defaults, YAML and --set overrides", "[unit][config]") {
+  auto c = parse("train:\n  batch_size: 8\n  lr_peak: 1.0e-4\nmodel:\n  type: pi05\n",
+                 {"train.batch_size=4", "checkpoint.run_dir=/tmp/x", "data.delta_action_mask=[true, false]"});
+  CHECK(c.train.batch_size == 4);            // --set wins over YAML
+  CHECK(c.train.lr_peak == Approx(1e-4));    // YAML wins over default
+  CHECK(c.train.num_steps == 30000);         // default
+  CHECK(c.model.type == "pi05");
+  CHECK(c.checkpoint.run_dir == "/tmp/x");
+  CHECK(c.data.delta_action_mask == std::vector<bool>{true, false});
+}
+
+TEST_CASE("resolved config round-trips through YAML", "[unit][config]") {
+  auto c = parse(R"(
+data:
+  datasets:
+    - format: aloha
+      paths: [a/*.hdf5, b.hdf5]
+      cameras: {base_0_rgb: cam_high}
+      prompt: fold the towel
+train: {freeze: lora, trainable_include: ['.*lora.*']}
+)");
+  auto again = parse_config(to_yaml(c), "dump");
+  CHECK(YAML::Dump(to_yaml(again)) == YAML::Dump(to_yaml(c)));
+  REQUIRE(again.data.datasets.size() == 1);
+  CHECK(again.data.datasets[0].cameras.at("base_0_rgb") == "cam_high");
+  CHECK(again.data.datasets[0].paths.size() == 2);
+  CHECK(again.train.trainable_include == std::vector<std::string>{".*lora.*"});
+}
+
+TEST_CASE("unknown keys are rejected with a did-you-mean", "[unit][config]") {
+  REQUIRE_THROWS_WITH(parse("train:\n  bach_size: 3\n"),
+                      Contains("run.yaml: unknown key 'train.bach_size' (did you mean 'train.batch_size'?)"));
+  REQUIRE_THROWS_WITH(parse("trian:\n  batch_size: 3\n"), Contains("unknown key 'trian' (did you mean 'train'?)"));
+  REQUIRE_THROWS_WITH(parse("data:\n  datasets:\n    - {format: libero, paths: [x], cmaeras: {}}\n"),
+                      Contains("unknown key 'data.datasets[0].cmaeras' (did you mean 'data.datasets[0].cameras'?)"));
+  REQUIRE_THROWS_WITH(parse("", {"train.zzzzzzzzzz=1"}), Contains("unknown key 'train.zzzzzzzzzz'"));
+}
+
+TEST_CASE("wrong types name the key, the value and the expected type", "[unit][config]") {
+  REQUIRE_THROWS_WITH(parse("train:\n  batch_size: eight\n"),
+                      Contains("run.yaml: train.batch_size must be an integer (got 'eight')"));
+  REQUIRE_THROWS_WITH(parse("train:\n  lr_peak: fast\n"), Contains("train.lr_peak must be a number (got 'fast')"));
+  REQUIRE_THROWS_WITH(parse("train:\n  gradient_checkpointing: maybe\n"),
+                      Contains("train.gradient_checkpointing must be true or false (got 'maybe')"));
+  REQUIRE_THROWS_WITH(parse("data:\n  datasets: {format: libero}\n"), Contains("data.datasets must be a list"));
+  REQUIRE_THROWS_WITH(parse("train: 3\n"), Contains("train must be a mapping"));
+}
+
+TEST_CASE("out-of-range values name the key and what was expected", "[unit][config]") {
+  REQUIRE_THROWS_WITH(parse("train: {batch_size: 0}"), Contains("train.batch_size must be > 0 (got 0)"));
+  REQUIRE_THROWS_WITH(parse("train: {lr_warmup_steps: -5}"), Contains("train.lr_warmup_steps must be >= 0 (got -5)"));
+  REQUIRE_THROWS_WITH(parse("train: {precision: fp16}"),
+                      Contains("train.precision must be float32, bf16-mixed or bf16 (got 'fp16')"));
+  REQUIRE_THROWS_WITH(parse("train: {ema_decay: 1.5}"), Contains("train.ema_decay must be in [0, 1)"));
+  REQUIRE_THROWS_WITH(parse("train: {batch_size: 6, grad_accum_steps: 4}"),
+                      Contains("train.batch_size must be a multiple of train.grad_accum_steps (4) (got 6)"));
+  REQUIRE_THROWS_WITH(parse("model: {type: pi1}"), Contains("model.type must be pi0 or pi05 (got 'pi1')"));
+  REQUIRE_THROWS_WITH(parse("data:\n  datasets:\n    - {format: rlds, paths: [x]}\n"),
+                      Contains("data.datasets[0].format must be libero or aloha (got 'rlds')"));
+  REQUIRE_THROWS_WITH(parse("", {"train.batch_size"}), Contains("--set expects section.key=value"));
+}
+
+TEST_CASE("a missing or malformed config file gives a one-line error", "[unit][config]") {
+  REQUIRE_THROWS_WITH(load_config("/nonexistent/run.yaml"),
+                      Contains("config file '/nonexistent/run.yaml' cannot be read"));
+  REQUIRE_THROWS_AS(load_config("/nonexistent/run.yaml"), pi0::UserError);
+}
+
+TEST_CASE("config reference lists every key with its default", "[unit][config]") {
+  auto ref = config_reference();
+  bool found = false;
+  for (auto& [key, def, doc] : ref) {
+    CHECK(!doc.empty());
+    if (key == "train.lr_warmup_steps") found = def == "1000";
+  }
+  CHECK(found);
+}
