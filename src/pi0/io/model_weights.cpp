@@ -1,0 +1,171 @@
+#include "pi0/io/model_weights.h"
+
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "pi0/common/check.h"
+#include "pi0/io/safetensors.h"
+#include "pi0/model/param_layout.h"
+
+namespace pi0::io {
+namespace {
+
+bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+
+bool is_projection(const std::string& name) {
+  for (const char* p : {"action_in_proj.", "action_out_proj.", "state_proj."})
+    if (starts_with(name, p)) return true;
+  return false;
+}
+
+std::string join(const std::vector<std::string>& v, size_t limit = 12) {
+  std::ostringstream os;
+  for (size_t i = 0; i < v.size() && i < limit; ++i) os << (i ? ", " : "") << v[i];
+  if (v.size() > limit) os << ", ... (" << v.size() - limit << " more)";
+  return os.str();
+}
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+// Source of each tensor: a name in the file plus a way to read it.
+struct Source {
+  std::vector<std::string> names;                 // file names after normalization
+  std::map<std::string, std::string> file_name;   // normalized → original name in the file
+  std::function<std::vector<int64_t>(const std::string&)> shape;
+  std::function<void(const std::string&, const torch::Tensor&)> read_into;
+};
+
+LoadReport load_from(model::Pi0Impl& model, const Source& src, const std::string& source,
+                     const std::map<std::string, std::string>& aliases, const LoadOptions& options) {
+  LoadReport report;
+  std::set<std::string> available(src.names.begin(), src.names.end());
+  std::set<std::string> used;
+  auto resolve = [&](const std::string& name) -> std::string {
+    if (available.count(name)) return name;
+    // Tied embedding: either member of the group, or a metadata alias (dropped name → kept name).
+    if (name == model::kEmbeddingName && available.count(kLmHeadName)) return kLmHeadName;
+    auto it = aliases.find(name);
+    if (it != aliases.end() && available.count(it->second)) return it->second;
+    return "";
+  };
+  std::vector<std::string> mismatched;
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters()) {
+    const auto& name = item.key();
+    auto& param = item.value();
+    const auto from = resolve(name);
+    if (from.empty()) {
+      if (name.find(".lora_") == std::string::npos) report.missing.push_back(name);
+      continue;
+    }
+    used.insert(from);
+    const auto shape = src.shape(from);
+    if (shape != param.sizes().vec()) {
+      if (options.reinit_mismatched_projections && is_projection(name)) {
+        spdlog::warn("{}: re-initializing {} (file shape {} vs model shape {}; checkpoint.reinit_mismatched_projections)",
+                     source, name, shape_str(shape), shape_str(param.sizes()));
+        report.reinitialized.push_back(name);
+      } else {
+        mismatched.push_back(name + " (file " + shape_str(shape) + ", model " + shape_str(param.sizes()) + ")");
+      }
+      continue;
+    }
+    src.read_into(from, param);
+    report.loaded.push_back(name);
+  }
+  for (const auto& n : src.names) {
+    if (used.count(n) || n == kExpertLmHeadName) continue;
+    if (n == kLmHeadName && used.count(kLmHeadName) == 0 && available.count(model::kEmbeddingName)) continue;
+    report.unexpected.push_back(n);
+  }
+  if (!mismatched.empty() || (options.strict && (!report.missing.empty() || !report.unexpected.empty()))) {
+    std::string msg = source + ": weights do not match the model:";
+    if (!report.missing.empty()) msg += " missing [" + join(report.missing) + "];";
+    if (!report.unexpected.empty()) msg += " unexpected [" + join(report.unexpected) + "];";
+    if (!mismatched.empty()) {
+      msg += " shape mismatch [" + join(mismatched) + "];";
+      if (std::all_of(mismatched.begin(), mismatched.end(), [](const auto& m) { return is_projection(m); }))
+        msg += " set checkpoint.reinit_mismatched_projections=true to re-initialize these projections;";
+    }
+    msg += " check model.type and the variants in the config";
+    throw UserError(msg);
+  }
+  return report;
+}
+
+}  // namespace
+
+LoadReport load_model_weights(model::Pi0Impl& model, const std::string& path, const LoadOptions& options) {
+  SafetensorsFile file(path, AccessPattern::kSequential);
+  Source src;
+  // LeRobot checkpoints prefix every name with "model.".
+  const bool lerobot = !file.names().empty() && std::all_of(file.names().begin(), file.names().end(), [](const auto& n) {
+    return starts_with(n, "model.");
+  });
+  for (const auto& n : file.names()) {
+    const auto norm = lerobot ? n.substr(6) : n;
+    src.names.push_back(norm);
+    src.file_name[norm] = n;
+  }
+  src.shape = [&](const std::string& n) { return file.info(src.file_name.at(n)).shape; };
+  src.read_into = [&](const std::string& n, const torch::Tensor& dst) {
+    file.read_into(src.file_name.at(n), dst);
+    file.release(src.file_name.at(n));
+  };
+  std::map<std::string, std::string> aliases;
+  for (const auto& [k, v] : file.metadata()) {
+    aliases[lerobot && starts_with(k, "model.") ? k.substr(6) : k] = lerobot && starts_with(v, "model.") ? v.substr(6) : v;
+  }
+  auto report = load_from(model, src, path, aliases, options);
+  spdlog::info("loaded {} tensors from {}{}", report.loaded.size(), path, lerobot ? " (LeRobot layout)" : "");
+  return report;
+}
+
+LoadReport load_named_weights(model::Pi0Impl& model, const std::map<std::string, torch::Tensor>& tensors,
+                              const std::string& source, const LoadOptions& options) {
+  Source src;
+  for (const auto& [n, t] : tensors) src.names.push_back(n);
+  src.shape = [&](const std::string& n) { return tensors.at(n).sizes().vec(); };
+  src.read_into = [&](const std::string& n, const torch::Tensor& dst) { dst.copy_(tensors.at(n)); };
+  return load_from(model, src, source, {}, options);
+}
+
+void save_model_weights(model::Pi0Impl& model, const std::string& path, const SaveOptions& options,
+                        const std::map<std::string, torch::Tensor>* replace) {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::map<std::string, std::string> metadata;
+  auto convert = [&](const torch::Tensor& t) { return options.dtype ? t.detach().to(*options.dtype) : t.detach(); };
+  for (const auto& item : model.named_parameters()) {
+    const auto& name = item.key();
+    if (!options.include_lora && name.find(".lora_") != std::string::npos) continue;
+    torch::Tensor value = item.value();
+    if (replace) {
+      auto it = replace->find(name);
+      if (it != replace->end()) value = it->second;
+    }
+    if (options.openpi_layout && name == model::kEmbeddingName) {
+      // Stored once under the lexicographically smaller tied name, as safetensors.save_model does.
+      tensors.emplace_back(kLmHeadName, convert(value));
+      metadata[model::kEmbeddingName] = kLmHeadName;
+      continue;
+    }
+    tensors.emplace_back(name, convert(value));
+  }
+  if (options.openpi_layout) {
+    const auto& o = model.options();
+    auto dtype = options.dtype.value_or(model.action_in_proj->weight.scalar_type());
+    // Unused by the forward pass but required by openpi's strict loader.
+    tensors.emplace_back(kExpertLmHeadName, torch::zeros({o.paligemma.vocab_size, o.action_expert.width}, dtype));
+    metadata["format"] = "pt";
+  }
+  save_safetensors(path, tensors, metadata);
+}
+
+}  // namespace pi0::io

@@ -1,0 +1,60 @@
+// Model weights in openpi's PyTorch layout (safetensors): loading released openpi / LeRobot checkpoints by
+// name, and writing files openpi's PyTorch model loads (`safetensors.torch.load_model`, strict).
+//
+// Storage quirks handled here (openpi-reference §4.2):
+//  - the token embedding is tied: files store it under `paligemma_with_expert.paligemma.lm_head.weight` or
+//    `...language_model.embed_tokens.weight` (the other name possibly as a `__metadata__` alias);
+//  - `paligemma_with_expert.gemma_expert.lm_head.weight` is an unused tensor in openpi's state_dict: ignored on
+//    load, written (zeros) on export because openpi's strict loader requires it;
+//  - LeRobot prefixes every name with `model.`.
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pi0/model/pi0.h"
+
+namespace pi0::io {
+
+inline const std::string kLmHeadName = "paligemma_with_expert.paligemma.lm_head.weight";
+inline const std::string kExpertLmHeadName = "paligemma_with_expert.gemma_expert.lm_head.weight";
+
+struct LoadOptions {
+  /// Any missing, unexpected or shape-mismatched tensor is an error (one message listing all of them).
+  bool strict = true;
+  /// Keep the freshly initialized action/state projections when their shape differs from the file (a
+  /// different action_dim than the pretrained model); each is named in a warning.
+  bool reinit_mismatched_projections = false;
+};
+
+struct LoadReport {
+  std::vector<std::string> loaded;       ///< model parameter names filled from the file
+  std::vector<std::string> missing;      ///< model parameters absent from the file (kept as initialized)
+  std::vector<std::string> unexpected;   ///< file tensors with no model parameter
+  std::vector<std::string> reinitialized;  ///< projections kept at init because their shape differed
+};
+
+/// Loads `path` into `model` by name, converting dtypes to each parameter's. LoRA factors absent from the file
+/// keep their initialization (a base checkpoint has none). Throws pi0::UserError naming the file and tensors.
+LoadReport load_model_weights(model::Pi0Impl& model, const std::string& path, const LoadOptions& options = {});
+
+/// Loads a name → tensor map (e.g. EMA or LoRA state) into the model's parameters; same rules as above.
+LoadReport load_named_weights(model::Pi0Impl& model, const std::map<std::string, torch::Tensor>& tensors,
+                              const std::string& source, const LoadOptions& options = {});
+
+struct SaveOptions {
+  std::optional<torch::ScalarType> dtype;  ///< convert every tensor (bf16 or f32 exports); default: as stored
+  /// openpi layout: embedding stored once under lm_head with the embed_tokens alias in metadata, plus the dummy
+  /// expert lm_head, so openpi's PyTorch model loads the file strictly.
+  bool openpi_layout = true;
+  bool include_lora = false;  ///< write LoRA factors (training checkpoints); exports merge them instead
+};
+
+/// Writes the model's parameters (optionally overridden by `replace`, e.g. EMA weights) to `path` atomically.
+void save_model_weights(model::Pi0Impl& model, const std::string& path, const SaveOptions& options = {},
+                        const std::map<std::string, torch::Tensor>* replace = nullptr);
+
+}  // namespace pi0::io
