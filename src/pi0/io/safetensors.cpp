@@ -332,6 +332,41 @@ torch::Tensor SafetensorsFile::get_copy(const std::string& name, std::optional<t
   return view.clone(at::MemoryFormat::Contiguous);
 }
 
+void SafetensorsFile::read_into(const std::string& name, const torch::Tensor& dst, uint64_t chunk_bytes) const {
+  const TensorInfo& ti = info(name);
+  PI0_CHECK(dst.defined(), "read_into: undefined destination for '", name, "'");
+  if (dst.sizes() != torch::IntArrayRef(ti.shape)) {
+    throw UserError(path_ + ": tensor '" + name + "' has shape " + c10::str(torch::IntArrayRef(ti.shape)) +
+                    ", but the destination has shape " + c10::str(dst.sizes()));
+  }
+  const torch::Tensor src = get(name);
+  if (!dst.is_contiguous() || ti.nbytes() <= chunk_bytes || chunk_bytes == 0) {
+    dst.copy_(src);
+    release(name);
+    return;
+  }
+  // Chunk the flat element range: the copy of chunk i and the release of chunk i-1 keep the mapped part of the
+  // resident set near chunk_bytes however large the tensor (an embedding table is ~0.5 GB).
+  const int64_t numel = src.numel();
+  const int64_t chunk_elems = std::max<int64_t>(1, static_cast<int64_t>(chunk_bytes / src.element_size()));
+  const torch::Tensor src_flat = src.view({-1});
+  const torch::Tensor dst_flat = dst.view({-1});
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  char* const base = mapping_->addr + data_start_ + ti.data_begin;
+  for (int64_t begin = 0; begin < numel; begin += chunk_elems) {
+    const int64_t n = std::min(chunk_elems, numel - begin);
+    dst_flat.narrow(0, begin, n).copy_(src_flat.narrow(0, begin, n));
+    if (src.data_ptr() != static_cast<void*>(base)) continue;  // src is an aligned copy, not the mapping
+    // Release whole pages only, inward: the page straddling into the next chunk is still to be read.
+    const auto lo = reinterpret_cast<uintptr_t>(base + begin * src.element_size());
+    const auto hi = reinterpret_cast<uintptr_t>(base + (begin + n) * src.element_size());
+    const uintptr_t lo_page = (lo + page - 1) / page * page;
+    const uintptr_t hi_page = hi / page * page;
+    if (hi_page > lo_page) ::madvise(reinterpret_cast<void*>(lo_page), hi_page - lo_page, MADV_DONTNEED);
+  }
+  release(name);  // the pages at the tensor's edges
+}
+
 void SafetensorsFile::release(const std::string& name) const {
   const TensorInfo& ti = info(name);
   if (ti.nbytes() == 0) return;

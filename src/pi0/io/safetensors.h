@@ -80,6 +80,13 @@ class SafetensorsFile {
   /// An owned, writable CPU copy of `name`, converted to `dtype` if given.
   torch::Tensor get_copy(const std::string& name, std::optional<torch::ScalarType> dtype = std::nullopt) const;
 
+  /// Copies tensor `name` into `dst` (a parameter: same shape, any dtype or device; converted on the way) and
+  /// releases the copied part of the mapping every `chunk_bytes`, so loading a whole checkpoint this way keeps one
+  /// copy of it resident plus at most one chunk of the mapping. This is the loading path to use for models; it
+  /// throws pi0::UserError if the shapes differ.
+  void read_into(const std::string& name, const torch::Tensor& dst, uint64_t chunk_bytes = kReadChunkBytes) const;
+  static constexpr uint64_t kReadChunkBytes = 64ull << 20;
+
   /// Drops this process's page-table references to the pages holding `name` (madvise MADV_DONTNEED). The data stays
   /// in the page cache and views stay valid (touching them faults the pages back in); the point is to keep the
   /// resident set at one copy of the checkpoint while loading: copy a tensor into its parameter, then release it.

@@ -488,3 +488,34 @@ TEST_CASE("a view survives the file being replaced by an atomic save", "[unit][s
   REQUIRE(torch::equal(view, torch::full({256}, 3.0f)));
   REQUIRE(torch::equal(SafetensorsFile(path).get("w"), torch::full({256}, 4.0f)));
 }
+
+TEST_CASE("safetensors read_into copies into parameters chunk by chunk", "[unit][safetensors]") {
+  TempDir dir;
+  const std::string path = dir.file("params.safetensors");
+  // 25,003 floats: several 4 KiB chunks with a ragged tail, so chunk edges never line up with pages.
+  const torch::Tensor w = torch::randn({25003});
+  const torch::Tensor m = torch::randn({37, 53}).to(torch::kBFloat16);
+  save_safetensors(path, {{"w", w}, {"m", m}});
+  SafetensorsFile file(path);
+
+  const torch::Tensor dst_w = torch::empty({25003});
+  file.read_into("w", dst_w, 4096);
+  REQUIRE(same_bytes(dst_w, w));
+
+  const torch::Tensor dst_default = torch::empty({25003});
+  file.read_into("w", dst_default);  // one chunk
+  REQUIRE(same_bytes(dst_default, w));
+
+  // Conversion on the way (bf16 checkpoint into float32 parameters) and a non-contiguous destination.
+  const torch::Tensor dst_f32 = torch::empty({37, 53});
+  file.read_into("m", dst_f32, 1000);
+  REQUIRE(torch::equal(dst_f32, m.to(torch::kFloat32)));
+  const torch::Tensor dst_t = torch::empty({53, 37}, torch::kBFloat16).t();
+  file.read_into("m", dst_t, 1000);
+  REQUIRE(same_bytes(dst_t, m));
+
+  REQUIRE_THROWS_WITH(file.read_into("m", torch::empty({53, 37})),
+                      path + ": tensor 'm' has shape [37, 53], but the destination has shape [53, 37]");
+  // Views handed out earlier still read correctly after their pages were released.
+  REQUIRE(same_bytes(file.get("w"), w));
+}
