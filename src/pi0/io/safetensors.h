@@ -80,10 +80,10 @@ class SafetensorsFile {
   /// An owned, writable CPU copy of `name`, converted to `dtype` if given.
   torch::Tensor get_copy(const std::string& name, std::optional<torch::ScalarType> dtype = std::nullopt) const;
 
-  /// Copies tensor `name` into `dst` (a parameter: same shape, any dtype or device; converted on the way) and
-  /// releases the copied part of the mapping every `chunk_bytes`, so loading a whole checkpoint this way keeps one
-  /// copy of it resident plus at most one chunk of the mapping. This is the loading path to use for models; it
-  /// throws pi0::UserError if the shapes differ.
+  /// Copies tensor `name` into `dst` (a parameter: same shape, any dtype or device; converted on the way, without
+  /// recording autograd history). This is the loading path to use for models: loading a whole checkpoint this way
+  /// keeps one copy of it resident: the tensor is copied from the mapping `chunk_bytes` at a time and each chunk's
+  /// pages are released once copied. Throws pi0::UserError if the shapes differ.
   void read_into(const std::string& name, const torch::Tensor& dst, uint64_t chunk_bytes = kReadChunkBytes) const;
   static constexpr uint64_t kReadChunkBytes = 64ull << 20;
 

@@ -498,13 +498,20 @@ TEST_CASE("safetensors read_into copies into parameters chunk by chunk", "[unit]
   save_safetensors(path, {{"w", w}, {"m", m}});
   SafetensorsFile file(path);
 
-  const torch::Tensor dst_w = torch::empty({25003});
+  // Same dtype, contiguous CPU: raw chunk copies. Works on a parameter that requires grad and bumps its version.
+  const torch::Tensor dst_w = torch::empty({25003}).requires_grad_();
+  const auto version = dst_w._version();
   file.read_into("w", dst_w, 4096);
-  REQUIRE(same_bytes(dst_w, w));
+  REQUIRE(same_bytes(dst_w.detach(), w));
+  REQUIRE(dst_w._version() > version);
+  const torch::Tensor dst_one_chunk = torch::empty({25003});
+  file.read_into("w", dst_one_chunk);
+  REQUIRE(same_bytes(dst_one_chunk, w));
 
-  const torch::Tensor dst_default = torch::empty({25003});
-  file.read_into("w", dst_default);  // one chunk
-  REQUIRE(same_bytes(dst_default, w));
+  // Conversion: the chunked copy out of the mapping, with chunks that straddle pages.
+  const torch::Tensor dst_f64 = torch::empty({25003}, torch::kFloat64).requires_grad_();
+  file.read_into("w", dst_f64, 4096);
+  REQUIRE(torch::equal(dst_f64.detach(), w.to(torch::kFloat64)));
 
   // Conversion on the way (bf16 checkpoint into float32 parameters) and a non-contiguous destination.
   const torch::Tensor dst_f32 = torch::empty({37, 53});
