@@ -1,0 +1,313 @@
+// Benchmark: loading a checkpoint-sized safetensors file, against a plain sequential read() of the same file.
+//
+//   bench_safetensors_load [--size-gb 3.2] [--path /tmp/pi0_bench_<pid>.safetensors] [--repeat 3] [--keep]
+//
+// Generates a file of bf16/f32 tensors shaped like a pi0 checkpoint (a 0.5 GB embedding table, 150-270 MB layer
+// stacks, a few MB projections, small norms), then measures each path in a fresh child process (posix_spawn of this
+// binary with --load-only), so peak RSS (VmHWM) is that path's alone and not the generator's:
+//   read          read() the whole file into one reused 64 MB buffer: the I/O ceiling
+//   get+copy      SafetensorsFile::get() views + copy into a freshly allocated tensor per entry, pages kept mapped
+//   read_into     SafetensorsFile::read_into() into a freshly allocated tensor per entry (pread straight into it)
+//   read_into*    the same into tensors allocated and touched before the clock starts: a model whose parameters
+//                 already exist, so page-fault cost for new memory is not part of the load
+// The page cache is warmed by one untimed read first, so every path reads from memory. Targets: peak RSS
+// <= 1.2x file size and load rate >= 0.8x the read rate, for read_into (the path the model loader uses).
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "pi0/common/check.h"
+#include "pi0/io/safetensors.h"
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  double size_gb = 3.2;
+  std::string path;
+  int repeat = 3;
+  bool keep = false;
+  std::string load_only;  // child mode: read | get_copy | read_into | read_into_prefaulted
+};
+
+Args parse_args(int argc, char** argv) {
+  Args args;
+  args.path = "/tmp/pi0_bench_" + std::to_string(::getpid()) + ".safetensors";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw pi0::UserError(a + ": missing value");
+      return argv[++i];
+    };
+    if (a == "--size-gb") {
+      args.size_gb = std::stod(value());
+    } else if (a == "--path") {
+      args.path = value();
+    } else if (a == "--repeat") {
+      args.repeat = std::max(1, std::stoi(value()));
+    } else if (a == "--keep") {
+      args.keep = true;
+    } else if (a == "--load-only") {
+      args.load_only = value();
+    } else {
+      throw pi0::UserError("unknown argument '" + a +
+                           "'; expected --size-gb GB, --path FILE, --repeat N, --keep (or --load-only MODE)");
+    }
+  }
+  if (args.size_gb <= 0) throw pi0::UserError("--size-gb must be > 0 (got " + std::to_string(args.size_gb) + ")");
+  return args;
+}
+
+/// Writes a checkpoint-like file of about `bytes` bytes. Each tensor is one random row expanded to its shape, so
+/// the generator holds a single tensor at a time (save_safetensors materializes them one by one).
+void generate(const std::string& path, uint64_t bytes) {
+  struct Template {
+    std::vector<int64_t> shape;
+    torch::ScalarType dtype;
+  };
+  const std::vector<Template> cycle = {
+      {{18, 2048, 2048}, torch::kBFloat16},  // 151 MB: q/attn_vec-like layer stack
+      {{18, 2048}, torch::kFloat32},         // norm scales
+      {{2048, 2048}, torch::kBFloat16},      // 8 MB
+      {{27, 1152, 4304}, torch::kBFloat16},  // 268 MB: SigLIP MLP stack
+      {{1024, 1024}, torch::kFloat32},       // 4 MB projection
+      {{18, 1024, 4096}, torch::kBFloat16},  // 151 MB
+      {{3072}, torch::kFloat32},             // bias
+      {{1024, 3072}, torch::kFloat32},       // 12 MB
+  };
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  uint64_t total = 0;
+  auto add = [&](std::vector<int64_t> shape, torch::ScalarType dtype) {
+    const torch::Tensor row = torch::randn({shape.back()}).to(dtype);
+    char name[32];
+    std::snprintf(name, sizeof(name), "t%04zu", tensors.size());
+    tensors.emplace_back(name, row.expand(shape));
+    total += static_cast<uint64_t>(row.element_size()) * c10::multiply_integers(shape);
+  };
+  add({257152, 1024}, torch::kBFloat16);  // 527 MB embedding table, the largest tensor of pi0
+  for (size_t i = 0;; ++i) {
+    const Template& t = cycle[i % cycle.size()];
+    const uint64_t size = c10::elementSize(t.dtype) * c10::multiply_integers(t.shape);
+    if (total + size > bytes) break;
+    add(t.shape, t.dtype);
+  }
+  if (bytes > total + 2) add({static_cast<int64_t>((bytes - total) / 2)}, torch::kBFloat16);  // top up
+  pi0::io::save_safetensors(path, tensors, {{"generator", "bench_safetensors_load"}});
+}
+
+/// Fields of /proc/self/status in kB (VmHWM, VmRSS, RssAnon, RssFile).
+std::map<std::string, uint64_t> proc_status_kb() {
+  std::map<std::string, uint64_t> out;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string key = line.substr(0, colon);
+    if (key == "VmHWM" || key == "VmRSS" || key == "RssAnon" || key == "RssFile") {
+      out[key] = std::stoull(line.substr(colon + 1));
+    }
+  }
+  return out;
+}
+
+/// Child: runs one load path and prints
+/// "RESULT <seconds> <bytes> <VmHWM kB> <RssAnon kB> <RssFile kB> <VmRSS before loading kB>".
+int run_child(const Args& args) {
+  torch::set_num_threads(1);  // like read(): one thread copies, so the comparison is per core
+  uint64_t bytes = 0;
+  std::vector<torch::Tensor> params;  // kept alive to the end, as a model's parameters would be
+  if (args.load_only == "read_into_prefaulted") {
+    pi0::io::SafetensorsFile file(args.path);
+    for (const auto& name : file.names()) {
+      params.push_back(torch::zeros(file.info(name).shape, torch::TensorOptions().dtype(file.info(name).scalar_type)));
+    }
+  }
+  const uint64_t baseline_kb = proc_status_kb()["VmRSS"];
+  const auto t0 = Clock::now();
+  if (args.load_only == "read") {
+    const int fd = ::open(args.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw pi0::UserError(args.path + ": cannot open (" + std::strerror(errno) + ")");
+    std::vector<char> buffer(64ull << 20);
+    for (;;) {
+      const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw pi0::UserError(args.path + ": read failed (" + std::strerror(errno) + ")");
+      if (n == 0) break;
+      bytes += static_cast<uint64_t>(n);
+    }
+    ::close(fd);
+  } else if (args.load_only == "read_into_prefaulted") {
+    pi0::io::SafetensorsFile file(args.path);
+    for (size_t i = 0; i < params.size(); ++i) file.read_into(file.names()[i], params[i]);
+    bytes = file.file_size();
+  } else if (args.load_only == "get_copy" || args.load_only == "read_into") {
+    pi0::io::SafetensorsFile file(args.path, pi0::io::AccessPattern::kSequential);
+    std::vector<std::string> order = file.names();  // file order: what kSequential read-ahead expects
+    std::sort(order.begin(), order.end(), [&](const std::string& a, const std::string& b) {
+      return file.info(a).data_begin < file.info(b).data_begin;
+    });
+    for (const auto& name : order) {
+      const auto& info = file.info(name);
+      torch::Tensor param = torch::empty(info.shape, torch::TensorOptions().dtype(info.scalar_type));
+      if (args.load_only == "read_into") {
+        file.read_into(name, param);
+      } else {
+        param.copy_(file.get(name));
+      }
+      params.push_back(param);
+    }
+    bytes = file.file_size();
+  } else {
+    throw pi0::UserError("--load-only " + args.load_only +
+                         ": expected read, get_copy, read_into or read_into_prefaulted");
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  auto status = proc_status_kb();
+  std::printf("RESULT %.6f %llu %llu %llu %llu %llu\n", seconds, static_cast<unsigned long long>(bytes),
+              static_cast<unsigned long long>(status["VmHWM"]), static_cast<unsigned long long>(status["RssAnon"]),
+              static_cast<unsigned long long>(status["RssFile"]), static_cast<unsigned long long>(baseline_kb));
+  return 0;
+}
+
+struct ChildResult {
+  double seconds = 0;
+  uint64_t bytes = 0, hwm_kb = 0, anon_kb = 0, file_kb = 0, baseline_kb = 0;
+};
+
+/// Spawns this binary with --load-only `mode` and parses its RESULT line. posix_spawn (not fork) gives the child
+/// a fresh address space, so its VmHWM starts from zero rather than from a copy of this process.
+ChildResult spawn_child(const Args& args, const std::string& mode) {
+  int pipe_fds[2];
+  PI0_CHECK(::pipe(pipe_fds) == 0, "pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, pipe_fds[0]);
+  std::string exe = "/proc/self/exe";
+  std::vector<std::string> argv_s = {"bench_safetensors_load", "--load-only", mode, "--path", args.path};
+  std::vector<char*> argv;
+  for (auto& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  const int rc = ::posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(pipe_fds[1]);
+  PI0_CHECK(rc == 0, "posix_spawn failed: ", std::strerror(rc));
+  std::string output;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipe_fds[0], buf, sizeof(buf))) > 0) output.append(buf, static_cast<size_t>(n));
+  ::close(pipe_fds[0]);
+  int wstatus = 0;
+  ::waitpid(pid, &wstatus, 0);
+  PI0_CHECK(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0, "child '", mode, "' failed: ", output);
+  ChildResult r;
+  const auto pos = output.find("RESULT ");
+  PI0_CHECK(pos != std::string::npos, "child '", mode, "' printed no RESULT: ", output);
+  unsigned long long bytes, hwm, anon, file, baseline;
+  PI0_CHECK(std::sscanf(output.c_str() + pos, "RESULT %lf %llu %llu %llu %llu %llu", &r.seconds, &bytes, &hwm, &anon,
+                        &file, &baseline) == 6,
+            "unparsable child output: ", output);
+  r.bytes = bytes, r.hwm_kb = hwm, r.anon_kb = anon, r.file_kb = file, r.baseline_kb = baseline;
+  return r;
+}
+
+int run_parent(const Args& args) {
+  const auto target = static_cast<uint64_t>(args.size_gb * 1e9);
+  std::printf("generating %s (%.2f GB requested)...\n", args.path.c_str(), args.size_gb);
+  // Removes the generated file however this function exits, unless --keep.
+  struct Cleanup {
+    const Args& args;
+    ~Cleanup() {
+      if (args.keep) {
+        std::printf("kept %s\n", args.path.c_str());
+      } else {
+        std::remove(args.path.c_str());
+        std::remove((args.path + ".tmp").c_str());
+      }
+    }
+  } cleanup{args};
+  const auto t0 = Clock::now();
+  generate(args.path, target);
+  const double gen_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  uint64_t file_size = 0;
+  size_t num_tensors = 0;
+  {
+    pi0::io::SafetensorsFile file(args.path);
+    file_size = file.file_size();
+    num_tensors = file.size();
+  }
+  const double gb = static_cast<double>(file_size) / 1e9;
+  std::printf("file: %.3f GB, %zu tensors, written in %.2f s (%.2f GB/s incl. generation and fsync)\n", gb,
+              num_tensors, gen_s, gb / gen_s);
+
+  spawn_child(args, "read");  // warm-up, untimed: every path below then reads from the page cache equally
+  std::printf("page cache warmed by one untimed sequential read; best of %d runs per path, 1 copy thread each\n\n",
+              args.repeat);
+
+  auto best_of = [&](const std::string& mode) {
+    ChildResult best;
+    for (int i = 0; i < args.repeat; ++i) {
+      const ChildResult r = spawn_child(args, mode);
+      if (i == 0 || r.seconds < best.seconds) best = r;
+    }
+    return best;
+  };
+  const ChildResult read = best_of("read");
+  const ChildResult get_copy = best_of("get_copy");
+  const ChildResult read_into = best_of("read_into");
+  const ChildResult prefaulted = best_of("read_into_prefaulted");
+  const double read_rate = gb / read.seconds;
+
+  std::printf("%-36s %7s %6s %8s %9s %9s %10s %15s\n", "path", "seconds", "GB/s", "vs read", "peak RSS",
+              "RSS/file", "(peak-base)", "end anon/file");
+  std::printf("%-36s %7s %6s %8s %9s %9s %10s %15s\n", "", "", "", "", "(VmHWM)", "", "/file", "GB");
+  auto row = [&](const char* label, const ChildResult& r) {
+    const double rate = gb / r.seconds;
+    std::printf("%-36s %7.3f %6.2f %7.2fx %6.2f GB %8.2fx %9.2fx %7.2f / %.2f\n", label, r.seconds, rate,
+                rate / read_rate, r.hwm_kb * 1024.0 / 1e9, r.hwm_kb * 1024.0 / file_size,
+                (static_cast<double>(r.hwm_kb) - r.baseline_kb) * 1024.0 / file_size, r.anon_kb * 1024.0 / 1e9,
+                r.file_kb * 1024.0 / 1e9);
+  };
+  row("read() into reused 64 MB buffer", read);
+  row("get() + copy_ into fresh tensors", get_copy);
+  row("read_into fresh tensors", read_into);
+  row("read_into existing tensors*", prefaulted);
+  std::printf("* allocated and zeroed before the clock starts (a constructed model); baseline RSS includes them\n");
+
+  const double rss_ratio = read_into.hwm_kb * 1024.0 / file_size;
+  const double rate_ratio = (gb / read_into.seconds) / read_rate;
+  std::printf("\nread_into targets: peak RSS %.2fx file (target <= 1.20x): %s; rate %.2fx read (target >= 0.80x): %s\n",
+              rss_ratio, rss_ratio <= 1.2 ? "met" : "MISSED", rate_ratio, rate_ratio >= 0.8 ? "met" : "MISSED");
+  std::printf("NOTE: peak RSS counts touched pages of the file mapping (RssFile) as well as the copies (RssAnon):\n"
+              "get()+copy_ keeps both, read_into never maps the pages (pread) or drops them as it copies.\n"
+              "base = the child's RSS before loading (libraries, ~0.1-0.2 GB), included in peak RSS.\n");
+
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args args = parse_args(argc, argv);
+    return args.load_only.empty() ? run_parent(args) : run_child(args);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_safetensors_load: %s\n", e.what());
+    return 1;
+  }
+}
