@@ -137,6 +137,18 @@ LoadReport load_named_weights(model::Pi0Impl& model, const std::map<std::string,
   return load_from(model, src, source, {}, options);
 }
 
+std::vector<model::ParamSpec> export_layout(const model::Pi0Options& options) {
+  auto o = options;
+  o.paligemma.lora_rank = o.action_expert.lora_rank = 0;
+  std::vector<model::ParamSpec> out;
+  for (auto spec : model::parameter_layout(o)) {
+    if (spec.name == model::kEmbeddingName) spec.name = kLmHeadName;
+    out.push_back(spec);
+  }
+  out.push_back({kExpertLmHeadName, {o.paligemma.vocab_size, o.action_expert.width}});
+  return out;
+}
+
 void save_model_weights(model::Pi0Impl& model, const std::string& path, const SaveOptions& options,
                         const std::map<std::string, torch::Tensor>* replace) {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;

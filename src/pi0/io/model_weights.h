@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include "pi0/model/param_layout.h"
 #include "pi0/model/pi0.h"
 
 namespace pi0::io {
@@ -52,6 +53,10 @@ struct SaveOptions {
   bool openpi_layout = true;
   bool include_lora = false;  ///< write LoRA factors (training checkpoints); exports merge them instead
 };
+
+/// Names and shapes of an openpi-layout export of a model with `options` (no LoRA), computed without allocating:
+/// the model's layout with the embedding under lm_head, plus the unused expert lm_head.
+std::vector<model::ParamSpec> export_layout(const model::Pi0Options& options);
 
 /// Writes the model's parameters (optionally overridden by `replace`, e.g. EMA weights) to `path` atomically.
 void save_model_weights(model::Pi0Impl& model, const std::string& path, const SaveOptions& options = {},
