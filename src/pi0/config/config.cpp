@@ -108,10 +108,7 @@ void parse(const YAML::Node& n, std::vector<T>& out, const std::string& src, con
   for (size_t i = 0; i < n.size(); ++i) {
     T value{};
     const auto item_key = key + "[" + std::to_string(i) + "]";
-    if constexpr (std::is_same_v<T, DatasetConfig>) {
-      if (!n[i].IsMap()) type_error(src, item_key, n[i], "a mapping (format, paths, ...)");
-      Reader::read_struct(n[i], value, item_key + ".", src);
-    } else if constexpr (std::is_same_v<T, bool>) {
+    if constexpr (std::is_same_v<T, bool>) {
       bool b = false;
       parse(n[i], b, src, item_key);
       value = b;
@@ -147,15 +144,6 @@ struct Writer {
   static YAML::Node encode(const std::vector<std::string>& v) {
     YAML::Node n(YAML::NodeType::Sequence);
     for (const auto& s : v) n.push_back(s);
-    return n;
-  }
-  static YAML::Node encode(const std::vector<DatasetConfig>& v) {
-    YAML::Node n(YAML::NodeType::Sequence);
-    for (auto d : v) {
-      Writer w;
-      d.visit(w);
-      n.push_back(w.node);
-    }
     return n;
   }
 };
@@ -267,12 +255,8 @@ void validate(const Config& c) {
   require(m.action_dim > 0, "model.action_dim", m.action_dim, "> 0");
   require(m.action_horizon > 0, "model.action_horizon", m.action_horizon, "> 0");
   require(m.max_token_len >= 0, "model.max_token_len", m.max_token_len, ">= 0 (0 = model default)");
-  for (size_t i = 0; i < c.data.datasets.size(); ++i) {
-    const auto& d = c.data.datasets[i];
-    const auto key = "data.datasets[" + std::to_string(i) + "]";
-    require(d.format == "libero" || d.format == "aloha", key + ".format", "'" + d.format + "'", "libero or aloha");
-    require(!d.paths.empty(), key + ".paths", "[]", "a non-empty list of files or globs");
-  }
+  const auto& d = c.data.dataset;
+  require(d.format == "libero" || d.format == "aloha", "data.dataset.format", "'" + d.format + "'", "libero or aloha");
   require(c.data.num_workers >= 0, "data.num_workers", c.data.num_workers, ">= 0");
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, ">= 1");
   const auto& t = c.train;

@@ -58,20 +58,22 @@ struct DatasetConfig {
 };
 
 struct DataConfig {
-  std::vector<DatasetConfig> datasets;
+  DatasetConfig dataset;
   std::string norm_stats;  // norm_stats.json path
   std::string tokenizer;   // sentencepiece model path
   std::vector<bool> delta_action_mask;
+  bool discrete_state_input = true;
   bool augment = true;
   int64_t num_workers = 2;
   int64_t prefetch = 4;
 
   template <class V>
   void visit(V& v) {
-    v("datasets", datasets, "list of datasets (each: format, paths, cameras, state_keys, action_key, prompt)");
+    v.section("dataset", dataset);
     v("norm_stats", norm_stats, "openpi norm_stats.json for state and actions (make it with pi0-norm-stats)");
     v("tokenizer", tokenizer, "sentencepiece model file (PaliGemma's for released checkpoints)");
     v("delta_action_mask", delta_action_mask, "per action dim: true = convert to delta w.r.t. the state; empty = off");
+    v("discrete_state_input", discrete_state_input, "pi05: state as discretized text in the prompt (false: pi0 prompt, no state)");
     v("augment", augment, "training image augmentation (random crop, rotation, color jitter)");
     v("num_workers", num_workers, "loader worker threads");
     v("prefetch", prefetch, "batches queued ahead of the trainer");

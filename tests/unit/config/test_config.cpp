@@ -28,18 +28,17 @@ TEST_CASE("config layers defaults, YAML and --set overrides", "[unit][config]") 
 TEST_CASE("resolved config round-trips through YAML", "[unit][config]") {
   auto c = parse(R"(
 data:
-  datasets:
-    - format: aloha
-      paths: [a/*.hdf5, b.hdf5]
-      cameras: {base_0_rgb: cam_high}
-      prompt: fold the towel
+  dataset:
+    format: aloha
+    paths: [a/*.hdf5, b.hdf5]
+    cameras: {base_0_rgb: cam_high}
+    prompt: fold the towel
 train: {freeze: lora, trainable_include: ['.*lora.*']}
 )");
   auto again = parse_config(to_yaml(c), "dump");
   CHECK(YAML::Dump(to_yaml(again)) == YAML::Dump(to_yaml(c)));
-  REQUIRE(again.data.datasets.size() == 1);
-  CHECK(again.data.datasets[0].cameras.at("base_0_rgb") == "cam_high");
-  CHECK(again.data.datasets[0].paths.size() == 2);
+  CHECK(again.data.dataset.cameras.at("base_0_rgb") == "cam_high");
+  CHECK(again.data.dataset.paths.size() == 2);
   CHECK(again.train.trainable_include == std::vector<std::string>{".*lora.*"});
 }
 
@@ -47,8 +46,8 @@ TEST_CASE("unknown keys are rejected with a did-you-mean", "[unit][config]") {
   REQUIRE_THROWS_WITH(parse("train:\n  bach_size: 3\n"),
                       Contains("run.yaml: unknown key 'train.bach_size' (did you mean 'train.batch_size'?)"));
   REQUIRE_THROWS_WITH(parse("trian:\n  batch_size: 3\n"), Contains("unknown key 'trian' (did you mean 'train'?)"));
-  REQUIRE_THROWS_WITH(parse("data:\n  datasets:\n    - {format: libero, paths: [x], cmaeras: {}}\n"),
-                      Contains("unknown key 'data.datasets[0].cmaeras' (did you mean 'data.datasets[0].cameras'?)"));
+  REQUIRE_THROWS_WITH(parse("data:\n  dataset: {format: libero, paths: [x], cmaeras: {}}\n"),
+                      Contains("unknown key 'data.dataset.cmaeras' (did you mean 'data.dataset.cameras'?)"));
   REQUIRE_THROWS_WITH(parse("", {"train.zzzzzzzzzz=1"}), Contains("unknown key 'train.zzzzzzzzzz'"));
 }
 
@@ -58,7 +57,7 @@ TEST_CASE("wrong types name the key, the value and the expected type", "[unit][c
   REQUIRE_THROWS_WITH(parse("train:\n  lr_peak: fast\n"), Contains("train.lr_peak must be a number (got 'fast')"));
   REQUIRE_THROWS_WITH(parse("train:\n  gradient_checkpointing: maybe\n"),
                       Contains("train.gradient_checkpointing must be true or false (got 'maybe')"));
-  REQUIRE_THROWS_WITH(parse("data:\n  datasets: {format: libero}\n"), Contains("data.datasets must be a list"));
+  REQUIRE_THROWS_WITH(parse("data:\n  dataset: {paths: x}\n"), Contains("data.dataset.paths must be a list"));
   REQUIRE_THROWS_WITH(parse("train: 3\n"), Contains("train must be a mapping"));
 }
 
@@ -71,8 +70,8 @@ TEST_CASE("out-of-range values name the key and what was expected", "[unit][conf
   REQUIRE_THROWS_WITH(parse("train: {batch_size: 6, grad_accum_steps: 4}"),
                       Contains("train.batch_size must be a multiple of train.grad_accum_steps (4) (got 6)"));
   REQUIRE_THROWS_WITH(parse("model: {type: pi1}"), Contains("model.type must be pi0 or pi05 (got 'pi1')"));
-  REQUIRE_THROWS_WITH(parse("data:\n  datasets:\n    - {format: rlds, paths: [x]}\n"),
-                      Contains("data.datasets[0].format must be libero or aloha (got 'rlds')"));
+  REQUIRE_THROWS_WITH(parse("data:\n  dataset: {format: rlds, paths: [x]}\n"),
+                      Contains("data.dataset.format must be libero or aloha (got 'rlds')"));
   REQUIRE_THROWS_WITH(parse("", {"train.batch_size"}), Contains("--set expects section.key=value"));
 }
 

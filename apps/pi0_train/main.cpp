@@ -1,0 +1,102 @@
+// pi0-train: fine-tune pi0 / pi0.5 from a YAML config.
+//   pi0-train --config run.yaml [--set section.key=value ...] [--resume] [--print-params [--json]]
+// Exit codes: 0 done (or stopped by SIGINT/SIGTERM after saving), 2 bad input, 3 training diverged, 1 internal.
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "pi0/common/check.h"
+#include "pi0/common/logging.h"
+#include "pi0/config/config.h"
+#include "pi0/train/freeze.h"
+#include "pi0/train/trainer.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: pi0-train --config run.yaml [--set section.key=value ...] [--resume] [--print-params [--json]]\n"
+    "       pi0-train --config-reference        (every config key with its default, as markdown)\n";
+
+struct Args {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool resume = false, print_params = false, json = false, reference = false;
+};
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](const std::string& flag) -> std::string {
+      if (i + 1 >= argc) throw pi0::UserError(flag + " needs a value\n" + kUsage);
+      return argv[++i];
+    };
+    if (arg == "--config") a.config = value(arg);
+    else if (arg == "--set") a.overrides.push_back(value(arg));
+    else if (arg.rfind("--set=", 0) == 0) a.overrides.push_back(arg.substr(6));
+    else if (arg == "--resume") a.resume = true;
+    else if (arg == "--print-params") a.print_params = true;
+    else if (arg == "--json") a.json = true;
+    else if (arg == "--config-reference") a.reference = true;
+    else if (arg == "-h" || arg == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else {
+      throw pi0::UserError("unknown argument '" + arg + "'\n" + kUsage);
+    }
+  }
+  if (a.config.empty() && !a.reference) throw pi0::UserError(std::string("--config is required\n") + kUsage);
+  if (a.json && !a.print_params) throw pi0::UserError("--json only goes with --print-params");
+  return a;
+}
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::stoll(v) : fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const auto args = parse_args(argc, argv);
+    if (args.reference) {
+      std::cout << "| key | default | meaning |\n|---|---|---|\n";
+      for (const auto& [key, def, doc] : pi0::config::config_reference())
+        std::cout << "| `" << key << "` | `" << def << "` | " << doc << " |\n";
+      return 0;
+    }
+    auto cfg = pi0::config::load_config(args.config, args.overrides);
+    if (args.print_params) {
+      const auto b = pi0::train::planned_breakdown(cfg);
+      if (args.json) std::cout << pi0::train::breakdown_json(b).dump(2) << "\n";
+      else std::cout << pi0::train::format_breakdown(b);
+      return 0;
+    }
+    pi0::train::RunOptions run;
+    run.resume = args.resume;
+    run.rank = env_int("RANK", env_int("SLURM_PROCID", 0));
+    run.world_size = env_int("WORLD_SIZE", env_int("SLURM_NTASKS", 1));
+    if (run.world_size != 1) {
+      throw pi0::UserError("WORLD_SIZE=" + std::to_string(run.world_size) +
+                           ": multi-process data parallel training is not available in this build yet; run one process");
+    }
+    pi0::set_log_rank(static_cast<int>(run.rank));
+    spdlog::info("resolved config ({}):\n{}", args.config, YAML::Dump(pi0::config::to_yaml(cfg)));
+    pi0::train::Trainer trainer(cfg, run);
+    trainer.run();
+    return 0;
+  } catch (const pi0::UserError& e) {
+    std::cerr << "pi0-train: error: " << e.what() << "\n";
+    return 2;
+  } catch (const pi0::train::TrainingError& e) {
+    std::cerr << "pi0-train: training stopped: " << e.what() << "\n";
+    return 3;
+  } catch (const std::exception& e) {
+    std::cerr << "pi0-train: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,333 @@
+#include "pi0/train/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "pi0/common/check.h"
+#include "pi0/io/model_weights.h"
+#include "pi0/io/safetensors.h"
+#include "pi0/model/model_config.h"
+#include "pi0/model/param_layout.h"
+#include "pi0/train/checkpoint_dir.h"
+#include "pi0/train/lr_schedule.h"
+#include "pi0/train/metrics.h"
+#include "pi0/train/signals.h"
+
+namespace pi0::train {
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::pair<std::string, torch::Tensor>> to_vector(const std::map<std::string, torch::Tensor>& m) {
+  return {m.begin(), m.end()};
+}
+
+std::map<std::string, torch::Tensor> read_all(const std::string& path, const torch::Device& device) {
+  io::SafetensorsFile f(path);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& n : f.names()) out[n] = f.get_copy(n).to(device);
+  return out;
+}
+
+// Writes `text` to `path` through a temporary file and a rename, so a crash never leaves a half-written file.
+void write_file_atomic(const fs::path& path, const std::string& text) {
+  const auto tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    if (!f) throw UserError("cannot write '" + tmp + "'");
+    f << text;
+    if (!f.flush()) throw UserError("cannot write '" + tmp + "'");
+  }
+  fs::rename(tmp, path);
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", static_cast<long>(s / 3600), static_cast<long>((s % 3600) / 60));
+  } else {
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", static_cast<long>(s / 60), static_cast<long>(s % 60));
+  }
+  return buf;
+}
+
+}  // namespace
+
+ParamBreakdown planned_breakdown(const config::Config& cfg) {
+  const auto layout = model::parameter_layout(model::options_from_config(cfg.model));
+  const auto mask = trainable_mask(names_of(layout), cfg.train.freeze, cfg.train.trainable_include,
+                                   cfg.train.trainable_exclude);
+  return breakdown(layout, mask, cfg.train.precision, cfg.train.ema_decay > 0);
+}
+
+Trainer::Trainer(config::Config cfg, RunOptions options)
+    : cfg_(std::move(cfg)),
+      options_(options),
+      rng_(at::detail::createCPUGenerator(static_cast<uint64_t>(cfg_.train.seed + options.rank))) {
+  device_ = torch::Device(cfg_.train.device);
+  if (device_.is_cuda() && !torch::cuda::is_available()) {
+    throw UserError("train.device is '" + cfg_.train.device + "' but no CUDA device is usable (LibTorch built " +
+                    "without CUDA, or no GPU); use train.device=cpu");
+  }
+  // Same seed on every rank: every replica starts from identical weights.
+  torch::manual_seed(static_cast<uint64_t>(cfg_.train.seed));
+  build_model();
+  data_ = make_data_pipeline(cfg_, local_batch(), options_.rank, options_.world_size);
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::local_batch() const {
+  const auto& t = cfg_.train;
+  const int64_t per_step = options_.world_size * t.grad_accum_steps;
+  if (t.batch_size % per_step != 0) {
+    throw UserError("train.batch_size must be divisible by world size (" + std::to_string(options_.world_size) +
+                    ") × train.grad_accum_steps (" + std::to_string(t.grad_accum_steps) + ") (got " +
+                    std::to_string(t.batch_size) + ")");
+  }
+  return t.batch_size / per_step;
+}
+
+void Trainer::build_model() {
+  const auto opts = model::options_from_config(cfg_.model);
+  model_ = model::Pi0(opts);
+  if (!cfg_.checkpoint.init_weights.empty()) {
+    io::LoadOptions lo;
+    lo.reinit_mismatched_projections = cfg_.checkpoint.reinit_mismatched_projections;
+    io::load_model_weights(*model_, cfg_.checkpoint.init_weights, lo);
+  }
+  trainable_ = apply_freeze(*model_, cfg_.train.freeze, cfg_.train.trainable_include, cfg_.train.trainable_exclude);
+  const auto& precision = cfg_.train.precision;
+  if (precision == "bf16") {
+    model_->to(torch::kBFloat16);
+    model_->set_compute_dtype(torch::kBFloat16);
+  } else if (precision == "bf16-mixed") {
+    // float32 master weights for what trains; frozen weights only feed bf16 matmuls, so keep them in bf16.
+    model_->set_compute_dtype(torch::kBFloat16);
+    size_t i = 0;
+    torch::NoGradGuard no_grad;
+    for (auto& p : model_->parameters()) {
+      if (!trainable_[i++]) p.set_data(p.data().to(torch::kBFloat16));
+    }
+  }
+  model_->to(device_);
+  model_->set_gradient_checkpointing(cfg_.train.gradient_checkpointing);
+  model_->train();
+
+  NamedTensors trainable;
+  size_t i = 0;
+  for (auto& item : model_->named_parameters()) {
+    if (trainable_[i++]) trainable.emplace_back(item.key(), item.value());
+  }
+  if (trainable.empty()) throw UserError("train.freeze '" + cfg_.train.freeze + "' leaves nothing to train");
+  AdamWOptions ao;
+  ao.beta1 = cfg_.train.adam_b1;
+  ao.beta2 = cfg_.train.adam_b2;
+  ao.eps = cfg_.train.adam_eps;
+  ao.weight_decay = cfg_.train.weight_decay;
+  optimizer_ = std::make_unique<AdamW>(trainable, ao);
+  if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(trainable, cfg_.train.ema_decay);
+
+  if (options_.rank == 0) {
+    const auto b = breakdown(model::parameter_layout(opts), trainable_, precision, ema_ != nullptr);
+    spdlog::info("parameters (freeze preset '{}', precision {}):\n{}", cfg_.train.freeze, precision,
+                 format_breakdown(b));
+  }
+}
+
+int64_t Trainer::run() {
+  const auto& t = cfg_.train;
+  const auto& ck = cfg_.checkpoint;
+  const bool rank0 = options_.rank == 0;
+  install_stop_signal_handlers();
+  fs::create_directories(ck.run_dir);
+  if (options_.resume) {
+    if (auto newest = newest_complete_checkpoint(ck.run_dir)) {
+      restore(newest->second);
+    } else {
+      spdlog::warn("--resume: no complete checkpoint in {}; starting from step 0", ck.run_dir);
+    }
+  } else if (auto steps = complete_checkpoints(ck.run_dir); !steps.empty()) {
+    throw UserError("checkpoint.run_dir '" + ck.run_dir + "' already holds checkpoints (newest: step " +
+                    std::to_string(steps.back()) + "); pass --resume to continue it, or choose another run_dir");
+  }
+  std::optional<MetricsWriter> metrics;
+  if (rank0) {
+    remove_stale_temp_checkpoints(ck.run_dir);
+    write_file_atomic(fs::path(ck.run_dir) / "config.yaml", YAML::Dump(config::to_yaml(cfg_)) + "\n");
+    metrics.emplace((fs::path(ck.run_dir) / "metrics.jsonl").string(), step_ + 1);
+    spdlog::info("training {} steps from step {}: global batch {} = {} per rank × {} ranks × {} accumulation steps, "
+                 "{} samples in the dataset, device {}",
+                 t.num_steps, step_, t.batch_size, local_batch(), options_.world_size, t.grad_accum_steps,
+                 data_.dataset->size(), device_.str());
+  }
+
+  std::vector<torch::Tensor> trainable_params;
+  for (const auto& [name, p] : optimizer_->params()) trainable_params.push_back(p);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  const double max_norm = t.clip_grad_norm > 0 ? t.clip_grad_norm : std::numeric_limits<double>::infinity();
+  auto interval_start = Clock::now();
+  const int64_t first_step = step_;
+  double interval_loss = 0;
+  int64_t interval_steps = 0;
+
+  while (step_ < t.num_steps) {
+    const double lr = warmup_cosine_lr(step_, t.lr_warmup_steps, t.lr_peak, t.lr_decay_steps, t.lr_end);
+    double loss_sum = 0;
+    int64_t samples = 0;
+    for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
+      auto batch = data_.loader->next();
+      const auto obs = batch.observation.to(device_);
+      const auto actions = batch.actions.to(device_);
+      const int64_t b = actions.size(0);
+      // Noise and time come from the trainer's own generator so a resumed run draws the same values.
+      auto noise = torch::randn(actions.sizes(), rng_, f32).to(device_);
+      auto time = (torch::rand({b}, rng_, f32).pow(1.0 / 1.5) * 0.999 + 0.001).to(device_);
+      auto loss = model_->compute_loss(obs, actions, noise, time).mean();
+      (loss / static_cast<double>(t.grad_accum_steps)).backward();
+      loss_sum += loss.item<double>();
+      samples += b;
+    }
+    const double loss_value = loss_sum / static_cast<double>(t.grad_accum_steps);
+    const double grad_norm = clip_grad_norm(trainable_params, max_norm);
+    if (!std::isfinite(loss_value) || !std::isfinite(grad_norm)) {
+      if (nonfinite_skips_ < t.max_nonfinite_skips) {
+        ++nonfinite_skips_;
+        spdlog::warn("step {} on rank {}: non-finite loss ({}) or gradient norm ({}); update skipped ({} of {} "
+                     "allowed by train.max_nonfinite_skips)",
+                     step_ + 1, options_.rank, loss_value, grad_norm, nonfinite_skips_, t.max_nonfinite_skips);
+        optimizer_->zero_grad();
+        ++step_;
+        continue;
+      }
+      throw TrainingError("non-finite " + std::string(std::isfinite(loss_value) ? "gradient norm" : "loss") +
+                          " at step " + std::to_string(step_ + 1) + " on rank " + std::to_string(options_.rank) +
+                          " (loss " + std::to_string(loss_value) + ", grad norm " + std::to_string(grad_norm) +
+                          "); stopped before the optimizer step. Look for near-constant dimensions in " +
+                          "data.norm_stats, lower train.lr_peak, or allow skips with train.max_nonfinite_skips");
+    }
+    optimizer_->step(lr);
+    optimizer_->zero_grad();
+    if (ema_) ema_->update();
+    ++step_;
+    interval_loss += loss_value;
+    ++interval_steps;
+    (void)samples;
+
+    if (rank0 && (step_ % t.log_interval == 0 || step_ == t.num_steps)) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - interval_start).count();
+      const double step_time = elapsed / static_cast<double>(interval_steps);
+      const double samples_per_s = static_cast<double>(t.batch_size) / step_time;
+      const double eta = step_time * static_cast<double>(t.num_steps - step_);
+      const double mean_loss = interval_loss / static_cast<double>(interval_steps);
+      spdlog::info("step {}/{} | loss {:.4f} | grad_norm {:.3f} | lr {:.2e} | {:.1f} samples/s | ETA {}", step_,
+                   t.num_steps, mean_loss, grad_norm, lr, samples_per_s, format_duration(eta));
+      metrics->write(step_, {{"loss", mean_loss},
+                             {"grad_norm", grad_norm},
+                             {"lr", lr},
+                             {"samples_per_s", samples_per_s},
+                             {"step_time_s", step_time}});
+      interval_start = Clock::now();
+      interval_loss = 0;
+      interval_steps = 0;
+    }
+    const bool stop = stop_requested();
+    if (step_ % ck.save_interval == 0 || step_ == t.num_steps || stop) save_checkpoint();
+    if (stop) {
+      spdlog::warn("stop signal {} received: saved step {} and stopping (resume with --resume)", stop_signal(), step_);
+      break;
+    }
+  }
+  if (rank0 && step_ == first_step) spdlog::info("nothing to do: already at step {}", step_);
+  return step_;
+}
+
+std::string Trainer::save_checkpoint() {
+  const auto& ck = cfg_.checkpoint;
+  if (options_.rank != 0) return "";
+  const fs::path tmp = begin_checkpoint(ck.run_dir, step_);
+  io::SaveOptions so;
+  so.openpi_layout = false;  // exact parameter names, LoRA included: what resume needs
+  so.include_lora = true;
+  io::save_model_weights(*model_, (tmp / "model.safetensors").string(), so);
+  if (ema_) io::save_safetensors((tmp / "ema.safetensors").string(), to_vector(ema_->state_dict()));
+  io::save_safetensors((tmp / "optimizer.safetensors").string(), to_vector(optimizer_->state_dict()));
+  std::vector<std::pair<std::string, torch::Tensor>> lora;
+  for (const auto& item : model_->named_parameters())
+    if (item.key().find(".lora_") != std::string::npos) lora.emplace_back(item.key(), item.value());
+  if (!lora.empty()) io::save_safetensors((tmp / "lora.safetensors").string(), lora);
+  torch::Tensor rng_state;
+  {
+    std::lock_guard<std::mutex> lock(rng_.mutex());
+    rng_state = rng_.get_state();
+  }
+  io::save_safetensors((tmp / "rng.safetensors").string(), {{"rank0.noise_time", rng_state}});
+  const auto pos = data_.loader->position();
+  nlohmann::json state = {{"step", step_},
+                          {"world_size", options_.world_size},
+                          {"nonfinite_skips", nonfinite_skips_},
+                          {"loader", {{"epoch", pos.epoch}, {"batch_index", pos.batch_index}}}};
+  write_file_atomic(tmp / "trainer_state.json", state.dump(2) + "\n");
+  write_file_atomic(tmp / "config.yaml", YAML::Dump(config::to_yaml(cfg_)) + "\n");
+  const auto assets = tmp / "assets" / ck.asset_id;
+  fs::create_directories(assets);
+  fs::copy_file(cfg_.data.norm_stats, assets / "norm_stats.json", fs::copy_options::overwrite_existing);
+  fs::copy_file(cfg_.data.tokenizer, tmp / "tokenizer.model", fs::copy_options::overwrite_existing);
+  const auto final_dir = commit_checkpoint(tmp.string(), ck.run_dir, step_);
+  prune_checkpoints(ck.run_dir, ck.keep_last, ck.keep_period);
+  spdlog::info("saved checkpoint {}", final_dir);
+  return final_dir;
+}
+
+void Trainer::restore(const std::string& dir) {
+  const fs::path d(dir);
+  std::ifstream sf(d / "trainer_state.json");
+  if (!sf) throw UserError("checkpoint '" + dir + "' has no readable trainer_state.json");
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(sf);
+  } catch (const std::exception& e) {
+    throw UserError("checkpoint '" + dir + "': trainer_state.json is not valid JSON (" + e.what() + ")");
+  }
+  const int64_t saved_world = state.value("world_size", int64_t{1});
+  if (saved_world != options_.world_size) {
+    throw UserError("checkpoint '" + dir + "' was written by " + std::to_string(saved_world) +
+                    " ranks; resume it with the same world size (got " + std::to_string(options_.world_size) + ")");
+  }
+  io::load_model_weights(*model_, (d / "model.safetensors").string());
+  optimizer_->load_state_dict(read_all((d / "optimizer.safetensors").string(), device_),
+                              (d / "optimizer.safetensors").string());
+  if (ema_) {
+    if (!fs::exists(d / "ema.safetensors")) {
+      throw UserError("checkpoint '" + dir + "' has no EMA weights but train.ema_decay is " +
+                      std::to_string(cfg_.train.ema_decay) + " (resume with train.ema_decay=0, or from a run with EMA)");
+    }
+    ema_->load_state_dict(read_all((d / "ema.safetensors").string(), device_), (d / "ema.safetensors").string());
+  }
+  {
+    io::SafetensorsFile rng(( d / "rng.safetensors").string());
+    std::lock_guard<std::mutex> lock(rng_.mutex());
+    rng_.set_state(rng.get_copy("rank" + std::to_string(options_.rank) + ".noise_time"));
+  }
+  step_ = state.at("step").get<int64_t>();
+  nonfinite_skips_ = state.value("nonfinite_skips", int64_t{0});
+  data::LoaderPosition pos;
+  pos.epoch = state.at("loader").at("epoch").get<int64_t>();
+  pos.batch_index = state.at("loader").at("batch_index").get<int64_t>();
+  data_.loader->seek(pos);
+  spdlog::info("resumed from {} at step {} (loader epoch {}, batch {})", dir, step_, pos.epoch, pos.batch_index);
+}
+
+}  // namespace pi0::train
