@@ -1,0 +1,166 @@
+#include "pi0/train/checkpoint_dir.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "pi0/common/check.h"
+
+namespace fs = std::filesystem;
+
+namespace pi0::train {
+
+namespace {
+
+void fsync_path(const fs::path& p, bool directory) {
+  const int fd = ::open(p.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw UserError("cannot open '" + p.string() + "' to sync it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  // Some filesystems refuse fsync on directories (EINVAL); the data files were synced, which is what matters.
+  if (rc != 0 && !(directory && (err == EINVAL || err == EROFS)))
+    throw UserError("cannot sync '" + p.string() + "' to disk: " + std::strerror(err));
+}
+
+void fsync_tree(const fs::path& dir) {
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) fsync_path(e.path(), false);
+    else if (e.is_directory()) fsync_path(e.path(), true);
+  }
+  fsync_path(dir, true);
+}
+
+bool all_digits(const std::string& s) {
+  return !s.empty() && s.size() < 19 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Atomic swap of two existing paths; false if the kernel or filesystem does not support it.
+bool exchange(const fs::path& a, const fs::path& b) {
+#if defined(RENAME_EXCHANGE)
+  return ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0;
+#else
+  (void)a, (void)b;
+  return false;
+#endif
+}
+
+void rename_or_throw(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  if (ec) throw UserError("cannot rename '" + from.string() + "' to '" + to.string() + "': " + ec.message());
+}
+
+void remove_checkpoint(const fs::path& dir) {
+  std::error_code ec;
+  fs::remove(dir / kCompleteMarker, ec);
+  if (!ec) fsync_path(dir, true);
+  fs::remove_all(dir, ec);
+  if (ec) throw UserError("cannot delete checkpoint '" + dir.string() + "': " + ec.message());
+}
+
+}  // namespace
+
+std::string checkpoints_dir(const std::string& run_dir) { return (fs::path(run_dir) / "checkpoints").string(); }
+
+std::string begin_checkpoint(const std::string& run_dir, int64_t step) {
+  PI0_CHECK(step >= 0, "begin_checkpoint: step must be >= 0, got ", step);
+  const fs::path tmp =
+      fs::path(checkpoints_dir(run_dir)) / (".tmp_" + std::to_string(step) + "_" + std::to_string(::getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) throw UserError("cannot create checkpoint directory '" + tmp.string() + "': " + ec.message());
+  return tmp.string();
+}
+
+std::string commit_checkpoint(const std::string& tmp_dir, const std::string& run_dir, int64_t step) {
+  const fs::path tmp(tmp_dir), parent(checkpoints_dir(run_dir));
+  const fs::path final_dir = parent / std::to_string(step);
+  PI0_CHECK(fs::is_directory(tmp), "commit_checkpoint: '", tmp_dir, "' is not a directory");
+  fsync_tree(tmp);
+  {
+    std::ofstream marker(tmp / kCompleteMarker);
+    marker << "step " << step << "\n";
+    if (!marker) throw UserError("cannot write '" + (tmp / kCompleteMarker).string() + "'");
+  }
+  fsync_path(tmp / kCompleteMarker, false);
+  fsync_path(tmp, true);
+
+  if (!fs::exists(final_dir)) {
+    rename_or_throw(tmp, final_dir);
+  } else if (exchange(tmp, final_dir)) {
+    fs::remove_all(tmp);  // now holds the replaced checkpoint
+  } else {
+    const fs::path old = parent / (".old_" + std::to_string(step) + "_" + std::to_string(::getpid()));
+    fs::remove_all(old);
+    rename_or_throw(final_dir, old);
+    rename_or_throw(tmp, final_dir);
+    fs::remove_all(old);
+  }
+  fsync_path(parent, true);
+  return final_dir.string();
+}
+
+std::vector<int64_t> complete_checkpoints(const std::string& run_dir) {
+  std::vector<int64_t> steps;
+  const fs::path dir(checkpoints_dir(run_dir));
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return steps;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto name = e.path().filename().string();
+    if (e.is_directory() && all_digits(name) && fs::is_regular_file(e.path() / kCompleteMarker))
+      steps.push_back(std::stoll(name));
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::optional<std::pair<int64_t, std::string>> newest_complete_checkpoint(const std::string& run_dir) {
+  const auto steps = complete_checkpoints(run_dir);
+  if (steps.empty()) return std::nullopt;
+  return std::make_pair(steps.back(), (fs::path(checkpoints_dir(run_dir)) / std::to_string(steps.back())).string());
+}
+
+std::vector<int64_t> prune_checkpoints(const std::string& run_dir, int64_t keep_last, int64_t keep_period) {
+  PI0_CHECK(keep_last >= 0, "prune_checkpoints: keep_last must be >= 0, got ", keep_last);
+  const auto steps = complete_checkpoints(run_dir);
+  std::vector<int64_t> deleted;
+  const int64_t n = static_cast<int64_t>(steps.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t step = steps[i];
+    const bool newest = i == n - 1;
+    const bool recent = i >= n - keep_last;
+    const bool periodic = keep_period > 0 && step % keep_period == 0;
+    if (newest || recent || periodic) continue;
+    remove_checkpoint(fs::path(checkpoints_dir(run_dir)) / std::to_string(step));
+    deleted.push_back(step);
+  }
+  return deleted;
+}
+
+std::vector<std::string> remove_stale_temp_checkpoints(const std::string& run_dir) {
+  std::vector<std::string> removed;
+  const fs::path dir(checkpoints_dir(run_dir));
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  const std::string own_suffix = "_" + std::to_string(::getpid());
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto name = e.path().filename().string();
+    const bool temp = name.rfind(".tmp_", 0) == 0 || name.rfind(".old_", 0) == 0;
+    const bool own = name.size() > own_suffix.size() &&
+                     name.compare(name.size() - own_suffix.size(), own_suffix.size(), own_suffix) == 0;
+    if (e.is_directory() && temp && !own) removed.push_back(name);
+  }
+  for (const auto& name : removed) fs::remove_all(dir / name, ec);
+  return removed;
+}
+
+}  // namespace pi0::train

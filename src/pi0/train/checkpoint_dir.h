@@ -1,0 +1,46 @@
+// Crash-safe checkpoint directories inside a run directory:
+//   run_dir/checkpoints/.tmp_<step>_<pid>/   being written (ignored by everything else)
+//   run_dir/checkpoints/<step>/COMPLETE      a finished checkpoint; COMPLETE is written (and fsynced) last
+// A checkpoint becomes visible only through a rename after all its files are on disk, so a crash at any point
+// leaves the previous complete checkpoint usable (the llm.c "DONE marker" scheme, plus an atomic rename).
+// This file handles directories only; what goes inside (model, optimizer, EMA, metadata) is the trainer's.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pi0::train {
+
+/// Name of the marker file that makes a checkpoint directory complete.
+inline constexpr const char* kCompleteMarker = "COMPLETE";
+
+/// run_dir/checkpoints
+std::string checkpoints_dir(const std::string& run_dir);
+
+/// Creates (empty) and returns run_dir/checkpoints/.tmp_<step>_<pid>/; a leftover with the same name is removed.
+std::string begin_checkpoint(const std::string& run_dir, int64_t step);
+
+/// fsyncs every file and directory under `tmp_dir`, writes COMPLETE last, then renames the directory to
+/// run_dir/checkpoints/<step>/ and fsyncs the parent. An existing <step>/ is replaced atomically where the
+/// filesystem supports renameat2(RENAME_EXCHANGE); otherwise the old one is moved aside first (a crash in that
+/// window can lose only that same-step checkpoint, never an older one). Returns the final path.
+std::string commit_checkpoint(const std::string& tmp_dir, const std::string& run_dir, int64_t step);
+
+/// Steps of all complete checkpoints (numeric directory with COMPLETE), ascending.
+std::vector<int64_t> complete_checkpoints(const std::string& run_dir);
+
+/// (step, path) of the newest complete checkpoint, ignoring temporary and incomplete directories.
+std::optional<std::pair<int64_t, std::string>> newest_complete_checkpoint(const std::string& run_dir);
+
+/// Deletes complete checkpoints except the newest `keep_last` and those with step % keep_period == 0
+/// (keep_period <= 0: none kept for that reason); the newest complete one is always kept. Incomplete numeric
+/// directories are left alone (they may be foreign). COMPLETE is removed before the files, so a crash mid-delete
+/// never leaves a complete-looking partial checkpoint. Returns the deleted steps.
+std::vector<int64_t> prune_checkpoints(const std::string& run_dir, int64_t keep_last, int64_t keep_period);
+
+/// Removes .tmp_* directories left by crashed writers (any pid other than this process). Returns their names.
+std::vector<std::string> remove_stale_temp_checkpoints(const std::string& run_dir);
+
+}  // namespace pi0::train

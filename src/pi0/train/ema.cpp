@@ -1,0 +1,79 @@
+#include "pi0/train/ema.h"
+
+#include <sstream>
+
+#include "pi0/common/check.h"
+
+namespace pi0::train {
+
+Ema::Ema(NamedTensors params, double decay) : params_(std::move(params)), decay_(decay) {
+  PI0_CHECK(decay >= 0.0 && decay < 1.0, "Ema: decay must be in [0, 1), got ", decay);
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : params_) averages_.push_back(p.detach().to(torch::kFloat32, /*non_blocking=*/false,
+                                                                         /*copy=*/true));
+}
+
+void Ema::update() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto p = params_[i].second.detach().to(torch::kFloat32);
+    averages_[i].mul_(decay_).add_(p, 1.0 - decay_);
+  }
+}
+
+std::map<std::string, torch::Tensor> Ema::state_dict() const {
+  std::map<std::string, torch::Tensor> state;
+  for (size_t i = 0; i < params_.size(); ++i) state[params_[i].first] = averages_[i];
+  return state;
+}
+
+void Ema::load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& name = params_[i].first;
+    auto it = state.find(name);
+    if (it == state.end()) throw UserError(source + ": missing key '" + name + "'");
+    if (it->second.sizes() != averages_[i].sizes()) {
+      std::ostringstream os;
+      os << source << ": key '" << name << "' has shape " << it->second.sizes() << ", expected "
+         << averages_[i].sizes();
+      throw UserError(os.str());
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) averages_[i].copy_(state.at(params_[i].first));
+}
+
+void Ema::copy_to(std::map<std::string, torch::Tensor>& weights) const {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto it = weights.find(params_[i].first);
+    if (it != weights.end()) it->second.copy_(averages_[i]);
+  }
+}
+
+void Ema::copy_to(torch::nn::Module& model) const {
+  std::map<std::string, torch::Tensor> weights;
+  for (const auto& item : model.named_parameters()) weights[item.key()] = item.value();
+  for (const auto& [name, p] : params_)
+    PI0_CHECK(weights.count(name), "Ema::copy_to: the model has no parameter '", name, "'");
+  copy_to(weights);
+}
+
+ScopedEmaWeights::ScopedEmaWeights(const Ema& ema, torch::nn::Module& model) : model_(model) {
+  torch::NoGradGuard no_grad;
+  auto params = model.named_parameters();
+  for (const auto& [name, avg] : ema.state_dict()) {
+    auto* p = params.find(name);
+    PI0_CHECK(p != nullptr, "ScopedEmaWeights: the model has no parameter '", name, "'");
+    backup_[name] = p->detach().clone();
+  }
+  ema.copy_to(model);
+}
+
+ScopedEmaWeights::~ScopedEmaWeights() {
+  torch::NoGradGuard no_grad;
+  auto params = model_.named_parameters();
+  for (const auto& [name, saved] : backup_) params[name].copy_(saved);
+}
+
+}  // namespace pi0::train

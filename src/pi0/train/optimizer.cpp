@@ -1,0 +1,133 @@
+#include "pi0/train/optimizer.h"
+
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "pi0/common/check.h"
+
+namespace pi0::train {
+
+namespace {
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+}  // namespace
+
+AdamW::AdamW(NamedTensors params, AdamWOptions options) : params_(std::move(params)), options_(options) {
+  std::set<std::string> seen;
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : params_) {
+    PI0_CHECK(p.defined(), "AdamW: parameter '", name, "' is undefined");
+    PI0_CHECK(seen.insert(name).second, "AdamW: duplicate parameter name '", name, "'");
+    exp_avg_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    exp_avg_sq_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+  }
+}
+
+void AdamW::step(double lr) {
+  torch::NoGradGuard no_grad;
+  ++step_;
+  const double b1 = options_.beta1, b2 = options_.beta2;
+  const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(step_));
+  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step_)));
+  const double step_size = lr / bias_correction1;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto& p = params_[i].second;
+    auto grad = p.grad();
+    if (!grad.defined()) continue;
+    if (grad.scalar_type() != p.scalar_type()) grad = grad.to(p.scalar_type());
+    // Same operation order as torch.optim.AdamW's single-tensor implementation.
+    p.mul_(1.0 - lr * options_.weight_decay);
+    exp_avg_[i].lerp_(grad, 1.0 - b1);
+    exp_avg_sq_[i].mul_(b2).addcmul_(grad, grad, 1.0 - b2);
+    auto denom = (exp_avg_sq_[i].sqrt() / bias_correction2_sqrt).add_(options_.eps);
+    p.addcdiv_(exp_avg_[i], denom, -step_size);
+  }
+}
+
+void AdamW::zero_grad() {
+  for (auto& [name, p] : params_) {
+    if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
+  }
+}
+
+std::map<std::string, torch::Tensor> AdamW::state_dict() const {
+  std::map<std::string, torch::Tensor> state;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    state[params_[i].first + ".exp_avg"] = exp_avg_[i];
+    state[params_[i].first + ".exp_avg_sq"] = exp_avg_sq_[i];
+  }
+  state[kStepKey] = torch::tensor(step_, torch::kLong);
+  return state;
+}
+
+void AdamW::load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source) {
+  auto find = [&](const std::string& key) -> const torch::Tensor& {
+    auto it = state.find(key);
+    if (it == state.end())
+      throw UserError(source + ": missing key '" + key + "' (the checkpoint was saved with other trainable "
+                      "parameters; use the same freeze settings to resume)");
+    return it->second;
+  };
+  const auto& step = find(kStepKey);
+  if (step.numel() != 1)
+    throw UserError(source + ": key '" + std::string(kStepKey) + "' must hold one integer (got shape " +
+                    shape_str(step.sizes()) + ")");
+  std::vector<torch::Tensor> avg, avg_sq;
+  for (const auto& [name, p] : params_) {
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
+      const auto key = name + suffix;
+      const auto& t = find(key);
+      if (t.sizes() != p.sizes())
+        throw UserError(source + ": key '" + key + "' has shape " + shape_str(t.sizes()) + ", expected " +
+                        shape_str(p.sizes()));
+      (std::string(suffix) == ".exp_avg" ? avg : avg_sq).push_back(t);
+    }
+  }
+  const size_t expected = 2 * params_.size() + 1;
+  if (state.size() != expected) {
+    std::set<std::string> known = {kStepKey};
+    for (const auto& [name, p] : params_) known.insert(name + ".exp_avg"), known.insert(name + ".exp_avg_sq");
+    for (const auto& [key, t] : state)
+      if (!known.count(key))
+        throw UserError(source + ": unexpected key '" + key + "' (not a trainable parameter of this model; use "
+                        "the same freeze settings to resume)");
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    exp_avg_[i].copy_(avg[i]);
+    exp_avg_sq_[i].copy_(avg_sq[i]);
+  }
+  step_ = step.to(torch::kLong).item<int64_t>();
+}
+
+double clip_grad_norm(std::vector<torch::Tensor>& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  // Chunked so a 500M-element embedding gradient never needs a full float64 copy.
+  constexpr int64_t kChunk = int64_t{1} << 24;
+  torch::Tensor sum_sq;
+  for (auto& p : params) {
+    const auto& g = p.grad();
+    if (!g.defined()) continue;
+    auto flat = g.reshape({-1});
+    for (int64_t start = 0; start < flat.numel(); start += kChunk) {
+      auto part = flat.narrow(0, start, std::min(kChunk, flat.numel() - start)).to(torch::kFloat64);
+      auto s = part.mul(part).sum();
+      sum_sq = sum_sq.defined() ? sum_sq.add(s.to(sum_sq.device())) : s;
+    }
+  }
+  if (!sum_sq.defined()) return 0.0;
+  const double norm = std::sqrt(sum_sq.item<double>());
+  if (!std::isfinite(norm)) return norm;
+  if (norm > max_norm) {
+    const double coef = max_norm / (norm + 1e-6);
+    for (auto& p : params)
+      if (p.grad().defined()) p.mutable_grad().mul_(coef);
+  }
+  return norm;
+}
+
+}  // namespace pi0::train

@@ -1,0 +1,68 @@
+// AdamW over an explicit list of named trainable parameters, and global-norm gradient clipping.
+// Mirrors torch.optim.AdamW (single-tensor path) and torch.nn.utils.clip_grad_norm_, which openpi's PyTorch
+// trainer uses with β = (0.9, 0.95), eps 1e-8, weight decay 1e-10 and max norm 1.0 (openpi-reference §8.2).
+// Only the parameters handed in get state, so frozen weights cost no optimizer memory.
+//
+// NOTE: state dtype = parameter dtype: float32 parameters (the float32 and bf16-mixed precision modes) get
+// float32 moments; bfloat16 parameters (pure "bf16" mode) get bfloat16 moments, as torch.optim.AdamW does.
+// NOTE: one step count for all parameters (as optax). A parameter whose grad is undefined at step() is skipped
+// (no decay, no moment update, like torch), but later bias corrections still use the shared count.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace pi0::train {
+
+struct AdamWOptions {
+  double beta1 = 0.9;           ///< first-moment decay
+  double beta2 = 0.95;          ///< second-moment decay
+  double eps = 1e-8;            ///< added to sqrt(v̂)
+  double weight_decay = 1e-10;  ///< decoupled: p ← p − lr·wd·p before the Adam update (all trainable params)
+};
+
+using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
+
+class AdamW {
+ public:
+  /// `params`: (state_dict name, parameter) of every trainable parameter; names must be unique.
+  explicit AdamW(NamedTensors params, AdamWOptions options = {});
+
+  /// One update with learning rate `lr` (from the schedule, evaluated at the 0-based update index).
+  void step(double lr);
+  /// Drops all gradients (set_to_none).
+  void zero_grad();
+
+  /// Number of step() calls so far (also restored by load_state_dict).
+  int64_t step_count() const { return step_; }
+  const AdamWOptions& options() const { return options_; }
+  const NamedTensors& params() const { return params_; }
+
+  /// Key of the step count in the state map (an int64 scalar tensor).
+  static constexpr const char* kStepKey = "step";
+  /// "<name>.exp_avg", "<name>.exp_avg_sq" for every parameter, plus kStepKey; tensors are shallow copies
+  /// (clone before mutating). Writable to safetensors as is.
+  std::map<std::string, torch::Tensor> state_dict() const;
+  /// Restores what state_dict() produced. Every expected key must be present with the parameter's shape
+  /// (UserError names `source` (e.g. the file) and the missing or mismatched key); unexpected keys are an error
+  /// too, since they mean the checkpoint was written for another set of trainable parameters.
+  void load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source = "optimizer state");
+
+ private:
+  NamedTensors params_;
+  std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;
+  AdamWOptions options_;
+  int64_t step_ = 0;
+};
+
+/// Global L2 norm of all defined gradients of `params` (accumulated in float64), returned before clipping.
+/// When the norm exceeds max_norm, every gradient is scaled in place by max_norm / (norm + 1e-6), like
+/// torch.nn.utils.clip_grad_norm_. A non-finite norm is returned with the gradients left untouched, so the
+/// caller can stop before optimizer.step().
+double clip_grad_norm(std::vector<torch::Tensor>& params, double max_norm);
+
+}  // namespace pi0::train

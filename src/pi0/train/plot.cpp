@@ -1,0 +1,245 @@
+#include "pi0/train/plot.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+#include "pi0/common/check.h"
+
+namespace pi0::train {
+
+namespace {
+
+// 5×7 glyphs: 7 rows, 5 bits each (MSB = leftmost column).
+const std::map<char, std::array<uint8_t, 7>>& font() {
+  static const std::map<char, std::array<uint8_t, 7>> glyphs = {
+      {'0', {0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E}}, {'1', {0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E}},
+      {'2', {0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F}}, {'3', {0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E}},
+      {'4', {0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02}}, {'5', {0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E}},
+      {'6', {0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E}}, {'7', {0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08}},
+      {'8', {0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E}}, {'9', {0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C}},
+      {'.', {0x00, 0x00, 0x00, 0x00, 0x00, 0x0C, 0x0C}}, {'-', {0x00, 0x00, 0x00, 0x1F, 0x00, 0x00, 0x00}},
+      {'+', {0x00, 0x04, 0x04, 0x1F, 0x04, 0x04, 0x00}}, {' ', {0, 0, 0, 0, 0, 0, 0}},
+      {'_', {0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x1F}}, {'a', {0x00, 0x00, 0x0E, 0x01, 0x0F, 0x11, 0x0F}},
+      {'b', {0x10, 0x10, 0x1E, 0x11, 0x11, 0x11, 0x1E}}, {'c', {0x00, 0x00, 0x0E, 0x10, 0x10, 0x11, 0x0E}},
+      {'d', {0x01, 0x01, 0x0F, 0x11, 0x11, 0x11, 0x0F}}, {'e', {0x00, 0x00, 0x0E, 0x11, 0x1F, 0x10, 0x0E}},
+      {'f', {0x06, 0x09, 0x08, 0x1C, 0x08, 0x08, 0x08}}, {'g', {0x00, 0x0F, 0x11, 0x11, 0x0F, 0x01, 0x0E}},
+      {'h', {0x10, 0x10, 0x16, 0x19, 0x11, 0x11, 0x11}}, {'i', {0x04, 0x00, 0x0C, 0x04, 0x04, 0x04, 0x0E}},
+      {'k', {0x10, 0x10, 0x12, 0x14, 0x18, 0x14, 0x12}}, {'l', {0x0C, 0x04, 0x04, 0x04, 0x04, 0x04, 0x0E}},
+      {'m', {0x00, 0x00, 0x1A, 0x15, 0x15, 0x11, 0x11}}, {'n', {0x00, 0x00, 0x16, 0x19, 0x11, 0x11, 0x11}},
+      {'o', {0x00, 0x00, 0x0E, 0x11, 0x11, 0x11, 0x0E}}, {'p', {0x00, 0x00, 0x1E, 0x11, 0x1E, 0x10, 0x10}},
+      {'r', {0x00, 0x00, 0x16, 0x19, 0x10, 0x10, 0x10}}, {'s', {0x00, 0x00, 0x0E, 0x10, 0x0E, 0x01, 0x1E}},
+      {'t', {0x08, 0x08, 0x1C, 0x08, 0x08, 0x09, 0x06}}, {'u', {0x00, 0x00, 0x11, 0x11, 0x11, 0x13, 0x0D}},
+      {'w', {0x00, 0x00, 0x11, 0x11, 0x15, 0x15, 0x0A}}, {'x', {0x00, 0x00, 0x11, 0x0A, 0x04, 0x0A, 0x11}},
+      {'y', {0x00, 0x00, 0x11, 0x11, 0x0F, 0x01, 0x0E}},
+  };
+  return glyphs;
+}
+
+void put_u32(std::vector<uint8_t>& out, uint32_t v) {
+  for (int s = 24; s >= 0; s -= 8) out.push_back(static_cast<uint8_t>(v >> s));
+}
+
+void put_chunk(std::vector<uint8_t>& out, const char type[4], const std::vector<uint8_t>& data) {
+  put_u32(out, static_cast<uint32_t>(data.size()));
+  const size_t start = out.size();
+  out.insert(out.end(), type, type + 4);
+  out.insert(out.end(), data.begin(), data.end());
+  const uLong crc = crc32(0L, out.data() + start, static_cast<uInt>(out.size() - start));
+  put_u32(out, static_cast<uint32_t>(crc));
+}
+
+std::string tick_label(double v, double spacing) {
+  if (std::abs(v) < spacing * 1e-6) v = 0.0;  // avoid "-1.2e-17" at zero
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+}  // namespace
+
+Canvas::Canvas(int width, int height, Rgb bg) : width_(width), height_(height) {
+  PI0_CHECK(width > 0 && height > 0, "Canvas: size must be positive, got ", width, "x", height);
+  rgb_.resize(static_cast<size_t>(width) * height * 3);
+  for (size_t i = 0; i < rgb_.size(); i += 3) rgb_[i] = bg.r, rgb_[i + 1] = bg.g, rgb_[i + 2] = bg.b;
+}
+
+Rgb Canvas::pixel(int x, int y) const {
+  const size_t i = (static_cast<size_t>(y) * width_ + x) * 3;
+  return {rgb_[i], rgb_[i + 1], rgb_[i + 2]};
+}
+
+void Canvas::set(int x, int y, Rgb c) {
+  if (x < 0 || y < 0 || x >= width_ || y >= height_) return;
+  const size_t i = (static_cast<size_t>(y) * width_ + x) * 3;
+  rgb_[i] = c.r, rgb_[i + 1] = c.g, rgb_[i + 2] = c.b;
+}
+
+void Canvas::line(int x0, int y0, int x1, int y1, Rgb c, int thickness) {
+  // Bresenham; thickness by stamping a small square at every point.
+  const int dx = std::abs(x1 - x0), dy = -std::abs(y1 - y0);
+  const int sx = x0 < x1 ? 1 : -1, sy = y0 < y1 ? 1 : -1;
+  int err = dx + dy;
+  const int lo = -(thickness - 1) / 2, hi = thickness / 2;
+  while (true) {
+    for (int ox = lo; ox <= hi; ++ox)
+      for (int oy = lo; oy <= hi; ++oy) set(x0 + ox, y0 + oy, c);
+    if (x0 == x1 && y0 == y1) break;
+    const int e2 = 2 * err;
+    if (e2 >= dy) err += dy, x0 += sx;
+    if (e2 <= dx) err += dx, y0 += sy;
+  }
+}
+
+void Canvas::rect(int x0, int y0, int x1, int y1, Rgb c) {
+  line(x0, y0, x1, y0, c);
+  line(x1, y0, x1, y1, c);
+  line(x1, y1, x0, y1, c);
+  line(x0, y1, x0, y0, c);
+}
+
+int Canvas::text_width(const std::string& s, int scale) { return static_cast<int>(s.size()) * 6 * scale - scale; }
+
+void Canvas::text(int x, int y, const std::string& s, Rgb c, int scale) {
+  static const std::array<uint8_t, 7> box = {0x1F, 0x11, 0x11, 0x11, 0x11, 0x11, 0x1F};
+  for (size_t k = 0; k < s.size(); ++k) {
+    const char ch = static_cast<char>(std::tolower(static_cast<unsigned char>(s[k])));
+    auto it = font().find(ch);
+    const auto& g = it == font().end() ? box : it->second;
+    const int gx = x + static_cast<int>(k) * 6 * scale;
+    for (int row = 0; row < 7; ++row)
+      for (int col = 0; col < 5; ++col)
+        if (g[row] & (0x10 >> col))
+          for (int a = 0; a < scale; ++a)
+            for (int b = 0; b < scale; ++b) set(gx + col * scale + a, y + row * scale + b, c);
+  }
+}
+
+std::vector<double> nice_ticks(double lo, double hi, int target) {
+  if (!(hi > lo) || !std::isfinite(lo) || !std::isfinite(hi)) return {lo};
+  const double raw = (hi - lo) / std::max(1, target - 1);
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double spacing = 10 * mag;
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
+    if (m * mag >= raw) {
+      spacing = m * mag;
+      break;
+    }
+  std::vector<double> ticks;
+  for (double t = std::ceil(lo / spacing - 1e-9) * spacing; t <= hi + spacing * 1e-9; t += spacing)
+    ticks.push_back(t);
+  return ticks;
+}
+
+Canvas plot_panels(const std::vector<PlotSeries>& panels, int width, int height, const std::string& x_label) {
+  Canvas canvas(width, height);
+  const Rgb axis{40, 40, 40}, grid{225, 225, 225};
+  const int scale = 2, char_h = 7 * scale;
+  const int left = 12 * 6 * scale / 2 + 30, right = 20, top = 14, bottom = 2 * char_h + 26, gap = char_h + 30;
+  const int n = std::max<int>(1, static_cast<int>(panels.size()));
+  const int panel_h = (height - top - bottom - gap * (n - 1)) / n;
+  PI0_CHECK(panel_h > 40 && width - left - right > 80, "plot_panels: canvas too small: ", width, "x", height);
+
+  // Shared x range over all panels.
+  double xlo = INFINITY, xhi = -INFINITY;
+  for (const auto& p : panels)
+    for (size_t i = 0; i < p.x.size() && i < p.y.size(); ++i)
+      if (std::isfinite(p.x[i]) && std::isfinite(p.y[i])) xlo = std::min(xlo, p.x[i]), xhi = std::max(xhi, p.x[i]);
+  if (!(xhi >= xlo)) xlo = 0, xhi = 1;
+  if (xhi == xlo) xlo -= 0.5, xhi += 0.5;
+
+  const int x0 = left, x1 = width - right;
+  auto px = [&](double x) { return x0 + static_cast<int>(std::lround((x - xlo) / (xhi - xlo) * (x1 - x0))); };
+  for (int k = 0; k < static_cast<int>(panels.size()); ++k) {
+    const auto& p = panels[k];
+    const int y0 = top + k * (panel_h + gap), y1 = y0 + panel_h;
+    double ylo = INFINITY, yhi = -INFINITY;
+    for (size_t i = 0; i < p.x.size() && i < p.y.size(); ++i)
+      if (std::isfinite(p.x[i]) && std::isfinite(p.y[i])) ylo = std::min(ylo, p.y[i]), yhi = std::max(yhi, p.y[i]);
+    if (!(yhi >= ylo)) ylo = 0, yhi = 1;
+    if (yhi == ylo) {
+      const double pad = ylo == 0 ? 1.0 : std::abs(ylo) * 0.1;
+      ylo -= pad, yhi += pad;
+    }
+    const double ypad = (yhi - ylo) * 0.05;
+    ylo -= ypad, yhi += ypad;
+    auto py = [&](double y) { return y1 - static_cast<int>(std::lround((y - ylo) / (yhi - ylo) * (y1 - y0))); };
+
+    const auto yt = nice_ticks(ylo, yhi, 5);
+    const double yspacing = yt.size() > 1 ? yt[1] - yt[0] : 1.0;
+    for (double t : yt) {
+      const int y = py(t);
+      canvas.line(x0 + 1, y, x1 - 1, y, grid);
+      canvas.line(x0 - 5, y, x0, y, axis);
+      const auto label = tick_label(t, yspacing);
+      canvas.text(x0 - 8 - Canvas::text_width(label, scale), y - char_h / 2, label, axis, scale);
+    }
+    const auto xt = nice_ticks(xlo, xhi, 6);
+    const double xspacing = xt.size() > 1 ? xt[1] - xt[0] : 1.0;
+    for (double t : xt) {
+      const int x = px(t);
+      canvas.line(x, y0 + 1, x, y1 - 1, grid);
+      canvas.line(x, y1, x, y1 + 5, axis);
+      const auto label = tick_label(t, xspacing);
+      canvas.text(x - Canvas::text_width(label, scale) / 2, y1 + 9, label, axis, scale);
+    }
+    canvas.rect(x0, y0, x1, y1, axis);
+
+    bool have_prev = false;
+    int prev_x = 0, prev_y = 0;
+    for (size_t i = 0; i < p.x.size() && i < p.y.size(); ++i) {
+      if (!std::isfinite(p.x[i]) || !std::isfinite(p.y[i])) {
+        have_prev = false;
+        continue;
+      }
+      const int x = px(p.x[i]), y = py(p.y[i]);
+      if (have_prev) canvas.line(prev_x, prev_y, x, y, p.color, 2);
+      else canvas.line(x, y, x, y, p.color, 2);
+      prev_x = x, prev_y = y, have_prev = true;
+    }
+    canvas.text(x0 + 10, y0 + 8, p.title, p.color, scale);
+  }
+  canvas.text((x0 + x1 - Canvas::text_width(x_label, scale)) / 2, height - char_h - 6, x_label, axis, scale);
+  return canvas;
+}
+
+std::vector<uint8_t> encode_png(const Canvas& canvas) {
+  const int w = canvas.width(), h = canvas.height();
+  std::vector<uint8_t> raw;
+  raw.reserve(static_cast<size_t>(h) * (1 + 3 * w));
+  for (int y = 0; y < h; ++y) {
+    raw.push_back(0);  // filter type None
+    const auto* row = canvas.rgb().data() + static_cast<size_t>(y) * w * 3;
+    raw.insert(raw.end(), row, row + 3 * static_cast<size_t>(w));
+  }
+  uLongf size = compressBound(static_cast<uLong>(raw.size()));
+  std::vector<uint8_t> idat(size);
+  PI0_CHECK(compress2(idat.data(), &size, raw.data(), static_cast<uLong>(raw.size()), 6) == Z_OK,
+            "encode_png: zlib compression failed");
+  idat.resize(size);
+
+  std::vector<uint8_t> out = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  std::vector<uint8_t> ihdr;
+  put_u32(ihdr, static_cast<uint32_t>(w));
+  put_u32(ihdr, static_cast<uint32_t>(h));
+  ihdr.insert(ihdr.end(), {8, 2, 0, 0, 0});  // bit depth 8, colour type RGB, deflate, filter 0, no interlace
+  put_chunk(out, "IHDR", ihdr);
+  put_chunk(out, "IDAT", idat);
+  put_chunk(out, "IEND", {});
+  return out;
+}
+
+void write_png(const std::string& path, const Canvas& canvas) {
+  const auto bytes = encode_png(canvas);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw UserError("cannot write PNG '" + path + "'");
+}
+
+}  // namespace pi0::train

@@ -1,0 +1,55 @@
+// A tiny plotting backend so training curves can be drawn without Python: an RGB canvas with lines and a
+// 5×7 bitmap font, a stacked-panel line plot with "nice" ticks, and a PNG encoder (zlib deflate).
+// Used by apps/pi0_plot (pi0-plot --metrics run/metrics.jsonl --out loss.png).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pi0::train {
+
+struct Rgb {
+  uint8_t r = 0, g = 0, b = 0;
+};
+
+/// 8-bit RGB image, row-major, origin top-left.
+class Canvas {
+ public:
+  Canvas(int width, int height, Rgb background = {255, 255, 255});
+  int width() const { return width_; }
+  int height() const { return height_; }
+  const std::vector<uint8_t>& rgb() const { return rgb_; }
+  Rgb pixel(int x, int y) const;
+  void set(int x, int y, Rgb c);  ///< ignores points outside the canvas
+  void line(int x0, int y0, int x1, int y1, Rgb c, int thickness = 1);
+  void rect(int x0, int y0, int x1, int y1, Rgb c);  ///< outline
+  /// Text in the 5×7 font (digits, '.', '-', '+', space and the letters a-z used by labels; other characters
+  /// draw as a box), top-left at (x, y), each font pixel drawn as scale×scale.
+  void text(int x, int y, const std::string& s, Rgb c, int scale = 2);
+  static int text_width(const std::string& s, int scale = 2);
+
+ private:
+  int width_, height_;
+  std::vector<uint8_t> rgb_;
+};
+
+/// One panel of a stacked plot: a y-series against x (non-finite points break the line).
+struct PlotSeries {
+  std::string title;  ///< drawn in the panel's top-left corner, e.g. "loss"
+  std::vector<double> x, y;
+  Rgb color;
+};
+
+/// Panels stacked vertically, each with a frame, 4–6 y ticks with labels, x ticks with labels and a polyline;
+/// `x_label` under the last panel. An empty series draws an empty frame.
+Canvas plot_panels(const std::vector<PlotSeries>& panels, int width, int height, const std::string& x_label);
+
+/// Tick positions covering [lo, hi] with a 1/2/5×10^k spacing, about `target` of them.
+std::vector<double> nice_ticks(double lo, double hi, int target = 5);
+
+/// PNG bytes (8-bit RGB, no interlace, filter 0, zlib-compressed IDAT).
+std::vector<uint8_t> encode_png(const Canvas& canvas);
+/// Writes encode_png(canvas) to `path`; UserError if the file cannot be written.
+void write_png(const std::string& path, const Canvas& canvas);
+
+}  // namespace pi0::train

@@ -1,0 +1,66 @@
+#include "pi0/train/signals.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+
+namespace pi0::train {
+
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "signal flag must be lock-free");
+struct sigaction g_previous_int, g_previous_term;
+bool g_installed = false;
+
+void restore_default(int sig) {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = SIG_DFL;
+  sigemptyset(&sa.sa_mask);
+  sigaction(sig, &sa, nullptr);  // async-signal-safe
+}
+
+void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+  restore_default(SIGINT);
+  restore_default(SIGTERM);
+  static const char msg[] =
+      "\npi0: stop requested; finishing the current step and saving a checkpoint (send the signal again to exit "
+      "immediately)\n";
+  ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)ignored;
+}
+
+}  // namespace
+
+void install_stop_signal_handlers() {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  if (!g_installed) {
+    sigaction(SIGINT, &sa, &g_previous_int);
+    sigaction(SIGTERM, &sa, &g_previous_term);
+    g_installed = true;
+  } else {
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+  }
+}
+
+void uninstall_stop_signal_handlers() {
+  if (!g_installed) return;
+  sigaction(SIGINT, &g_previous_int, nullptr);
+  sigaction(SIGTERM, &g_previous_term, nullptr);
+  g_installed = false;
+}
+
+bool stop_requested() { return g_stop_signal.load() != 0; }
+int stop_signal() { return g_stop_signal.load(); }
+void reset_stop_request() { g_stop_signal.store(0); }
+
+}  // namespace pi0::train

@@ -1,0 +1,19 @@
+// Graceful stop on SIGINT / SIGTERM: the first signal only sets a flag that the training loop polls between
+// steps (so it can save a checkpoint and exit cleanly); it also restores the default action for both signals,
+// so a second Ctrl-C / SIGTERM terminates the process immediately.
+#pragma once
+
+namespace pi0::train {
+
+/// Installs the handlers (idempotent); remembers the previous dispositions for uninstall.
+void install_stop_signal_handlers();
+/// Restores the dispositions that were active before install_stop_signal_handlers().
+void uninstall_stop_signal_handlers();
+/// True once SIGINT or SIGTERM arrived after installation.
+bool stop_requested();
+/// The signal number that requested the stop, or 0.
+int stop_signal();
+/// Clears the flag (tests, or a trainer that handles several runs in one process).
+void reset_stop_request();
+
+}  // namespace pi0::train

@@ -1,0 +1,223 @@
+// Checkpoint directories (incomplete ones ignored, pruning, crash safety), stop signals, metrics JSONL and the
+// PNG plot (valid signature/IHDR, non-blank pixels, the pi0-plot app end to end).
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <zlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "pi0/common/check.h"
+#include "pi0/train/checkpoint_dir.h"
+#include "pi0/train/metrics.h"
+#include "pi0/train/plot.h"
+#include "pi0/train/signals.h"
+#include "support/test_support.h"
+
+using namespace pi0;
+using namespace pi0::train;
+using Catch::Matchers::Contains;
+namespace fs = std::filesystem;
+
+namespace {
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream(p) << text;
+}
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+std::string save(const std::string& run, int64_t step, const std::string& payload) {
+  auto tmp = begin_checkpoint(run, step);
+  write_file(fs::path(tmp) / "model.safetensors", payload);
+  fs::create_directories(fs::path(tmp) / "assets");
+  write_file(fs::path(tmp) / "assets" / "norm_stats.json", "{}");
+  return commit_checkpoint(tmp, run, step);
+}
+}  // namespace
+
+TEST_CASE("checkpoint commit, newest complete, incomplete dirs ignored", "[unit][train]") {
+  testing::TempDir dir("pi0ckpt");
+  const auto run = dir.str();
+  CHECK_FALSE(newest_complete_checkpoint(run).has_value());
+  const auto path = save(run, 100, "a");
+  CHECK(path == (fs::path(run) / "checkpoints" / "100").string());
+  CHECK(fs::exists(fs::path(path) / kCompleteMarker));
+  CHECK(read_file(fs::path(path) / "model.safetensors") == "a");
+  // A numeric dir without COMPLETE (crash inside a non-atomic writer) and a later tmp dir are both ignored.
+  fs::create_directories(fs::path(run) / "checkpoints" / "300");
+  write_file(fs::path(run) / "checkpoints" / "300" / "model.safetensors", "partial");
+  auto tmp = begin_checkpoint(run, 400);
+  CHECK(fs::path(tmp).filename().string().rfind(".tmp_400_", 0) == 0);
+  auto newest = newest_complete_checkpoint(run);
+  REQUIRE(newest.has_value());
+  CHECK(newest->first == 100);
+  CHECK(newest->second == path);
+  CHECK(complete_checkpoints(run) == std::vector<int64_t>{100});
+}
+
+TEST_CASE("a crash between writing and renaming leaves the previous checkpoint usable", "[unit][train]") {
+  testing::TempDir dir("pi0ckpt");
+  const auto run = dir.str();
+  save(run, 100, "old");
+  // Crash while writing step 200: files written, never committed.
+  auto tmp = begin_checkpoint(run, 200);
+  write_file(fs::path(tmp) / "model.safetensors", "new but unfinished");
+  CHECK(newest_complete_checkpoint(run)->first == 100);
+  // Crash after COMPLETE was written but before the rename: still a dot-directory, still ignored.
+  write_file(fs::path(tmp) / kCompleteMarker, "step 200\n");
+  CHECK(newest_complete_checkpoint(run)->first == 100);
+  CHECK(read_file(fs::path(newest_complete_checkpoint(run)->second) / "model.safetensors") == "old");
+  // Restart (another pid in reality): stale temp dirs are cleaned up, except this process's own.
+  fs::create_directories(fs::path(run) / "checkpoints" / ".tmp_200_999999999");
+  auto removed = remove_stale_temp_checkpoints(run);
+  CHECK(removed == std::vector<std::string>{".tmp_200_999999999"});
+  CHECK(fs::exists(tmp));
+}
+
+TEST_CASE("re-saving the same step replaces it", "[unit][train]") {
+  testing::TempDir dir("pi0ckpt");
+  const auto run = dir.str();
+  save(run, 100, "first");
+  const auto path = save(run, 100, "second");
+  CHECK(read_file(fs::path(path) / "model.safetensors") == "second");
+  std::set<std::string> entries;
+  for (const auto& e : fs::directory_iterator(fs::path(run) / "checkpoints")) entries.insert(e.path().filename());
+  CHECK(entries == std::set<std::string>{"100"});
+}
+
+TEST_CASE("pruning keeps the newest keep_last and every keep_period multiple", "[unit][train]") {
+  testing::TempDir dir("pi0ckpt");
+  const auto run = dir.str();
+  for (int64_t s : {1000, 2000, 3000, 4000, 5000, 6000, 7000}) save(run, s, "x");
+  fs::create_directories(fs::path(run) / "checkpoints" / "1500");  // incomplete: never touched
+  auto deleted = prune_checkpoints(run, 2, 5000);
+  CHECK(deleted == std::vector<int64_t>{1000, 2000, 3000, 4000});
+  CHECK(complete_checkpoints(run) == std::vector<int64_t>{5000, 6000, 7000});
+  CHECK(fs::exists(fs::path(run) / "checkpoints" / "1500"));
+  // keep_last 0 and no period: only the newest complete one survives.
+  CHECK(prune_checkpoints(run, 0, 0) == std::vector<int64_t>{5000, 6000});
+  CHECK(complete_checkpoints(run) == std::vector<int64_t>{7000});
+}
+
+TEST_CASE("SIGTERM sets the stop flag and re-arms the default action", "[unit][train]") {
+  reset_stop_request();
+  install_stop_signal_handlers();
+  CHECK_FALSE(stop_requested());
+  ::raise(SIGTERM);
+  CHECK(stop_requested());
+  CHECK(stop_signal() == SIGTERM);
+  struct sigaction now;
+  sigaction(SIGINT, nullptr, &now);
+  CHECK(now.sa_handler == SIG_DFL);  // a second signal would terminate the process
+  sigaction(SIGTERM, nullptr, &now);
+  CHECK(now.sa_handler == SIG_DFL);
+  uninstall_stop_signal_handlers();
+  reset_stop_request();
+  CHECK_FALSE(stop_requested());
+}
+
+TEST_CASE("metrics JSONL: one object per line, resume drops later steps, truncated lines skipped",
+          "[unit][train]") {
+  testing::TempDir dir("pi0metrics");
+  const auto path = dir.str("run/metrics.jsonl");
+  {
+    MetricsWriter w(path);
+    for (int64_t s = 0; s < 5; ++s) w.write(s, {{"loss", 1.0 / (s + 1)}, {"lr", 1e-4}});
+  }
+  std::ofstream(path, std::ios::app) << "{\"step\": 5, \"loss\"";  // crash mid-line
+  auto records = read_metrics(path);
+  REQUIRE(records.size() == 5);
+  CHECK(records[2]["loss"].get<double>() == Approx(1.0 / 3));
+  {
+    MetricsWriter w(path, 3);  // resumed from the checkpoint at step 3
+    w.write(nlohmann::json{{"step", 3}, {"loss", 0.1}});
+  }
+  records = read_metrics(path);
+  REQUIRE(records.size() == 4);
+  CHECK(records[3]["loss"].get<double>() == Approx(0.1));
+  CHECK_THROWS_WITH(read_metrics(dir.str("missing.jsonl")), Contains("cannot read metrics file"));
+}
+
+namespace {
+uint32_t be32(const std::vector<uint8_t>& b, size_t i) {
+  return (uint32_t(b[i]) << 24) | (uint32_t(b[i + 1]) << 16) | (uint32_t(b[i + 2]) << 8) | b[i + 3];
+}
+// Checks signature, IHDR and CRCs; returns the decoded RGB pixels (filter bytes removed).
+std::vector<uint8_t> decode_png(const std::vector<uint8_t>& png, uint32_t& w, uint32_t& h) {
+  const std::vector<uint8_t> sig = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  REQUIRE(png.size() > 33);
+  REQUIRE(std::equal(sig.begin(), sig.end(), png.begin()));
+  REQUIRE(std::string(png.begin() + 12, png.begin() + 16) == "IHDR");
+  w = be32(png, 16), h = be32(png, 20);
+  CHECK(png[24] == 8);
+  CHECK(png[25] == 2);
+  std::vector<uint8_t> idat;
+  size_t pos = 8;
+  bool end = false;
+  while (pos + 12 <= png.size()) {
+    const uint32_t len = be32(png, pos);
+    const std::string type(png.begin() + pos + 4, png.begin() + pos + 8);
+    CHECK(crc32(0, png.data() + pos + 4, len + 4) == be32(png, pos + 8 + len));
+    if (type == "IDAT") idat.insert(idat.end(), png.begin() + pos + 8, png.begin() + pos + 8 + len);
+    if (type == "IEND") end = true;
+    pos += 12 + len;
+  }
+  CHECK(end);
+  std::vector<uint8_t> raw(size_t(h) * (1 + 3 * w));
+  uLongf raw_size = raw.size();
+  REQUIRE(uncompress(raw.data(), &raw_size, idat.data(), idat.size()) == Z_OK);
+  REQUIRE(raw_size == raw.size());
+  std::vector<uint8_t> rgb;
+  for (uint32_t y = 0; y < h; ++y) {
+    CHECK(raw[y * (1 + 3 * w)] == 0);
+    rgb.insert(rgb.end(), raw.begin() + y * (1 + 3 * w) + 1, raw.begin() + (y + 1) * (1 + 3 * w));
+  }
+  return rgb;
+}
+size_t count_color(const std::vector<uint8_t>& rgb, Rgb c) {
+  size_t n = 0;
+  for (size_t i = 0; i + 2 < rgb.size(); i += 3) n += rgb[i] == c.r && rgb[i + 1] == c.g && rgb[i + 2] == c.b;
+  return n;
+}
+}  // namespace
+
+TEST_CASE("plot: valid, non-blank PNG with both curves", "[unit][train]") {
+  PlotSeries loss{"loss", {}, {}, {31, 119, 180}}, lr{"learning rate", {}, {}, {214, 39, 40}};
+  for (int s = 0; s <= 200; s += 10) {
+    loss.x.push_back(s), loss.y.push_back(1.0 / (1 + 0.05 * s));
+    lr.x.push_back(s), lr.y.push_back(2.5e-5 * std::min(1.0, s / 50.0));
+  }
+  const auto png = encode_png(plot_panels({loss, lr}, 640, 480, "step"));
+  uint32_t w = 0, h = 0;
+  const auto rgb = decode_png(png, w, h);
+  CHECK(w == 640);
+  CHECK(h == 480);
+  CHECK(count_color(rgb, {255, 255, 255}) < size_t(w) * h);  // not blank
+  CHECK(count_color(rgb, loss.color) > 200);
+  CHECK(count_color(rgb, lr.color) > 200);
+  CHECK(nice_ticks(0, 1, 5) == std::vector<double>{0, 0.25, 0.5, 0.75, 1.0});
+}
+
+TEST_CASE("pi0-plot draws a metrics file", "[unit][train]") {
+  testing::TempDir dir("pi0plot");
+  {
+    MetricsWriter w(dir.str("metrics.jsonl"));
+    for (int64_t s = 0; s < 50; ++s) w.write(s, {{"loss", 1.0 / (s + 1)}, {"lr", 1e-4 * s}});
+  }
+  const std::string cmd = std::string(PI0_BINARY_DIR) + "/pi0-plot --metrics " + dir.str("metrics.jsonl") +
+                          " --out " + dir.str("loss.png") + " --width 500 --height 400 > /dev/null";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::ifstream in(dir.str("loss.png"), std::ios::binary);
+  std::vector<uint8_t> png((std::istreambuf_iterator<char>(in)), {});
+  uint32_t w = 0, h = 0;
+  const auto rgb = decode_png(png, w, h);
+  CHECK(w == 500);
+  CHECK(h == 400);
+  CHECK(count_color(rgb, {31, 119, 180}) > 100);
+  const std::string bad = std::string(PI0_BINARY_DIR) + "/pi0-plot --metrics x --out y --bogus 1 2> /dev/null";
+  CHECK(std::system(bad.c_str()) != 0);
+}
