@@ -9,10 +9,6 @@
 
 #include <torch/torch.h>
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
-
 namespace pi0::data {
 
 struct TokenizedPrompt {
@@ -44,7 +40,8 @@ class Tokenizer {
   static std::string pi05_prompt(const std::string& cleaned, const torch::Tensor& state);
 
  private:
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  struct Impl;  // the dlopen'ed SentencePiece shim (see CMakeLists.txt for why)
+  std::unique_ptr<Impl> impl_;
   std::string path_;
 };
 
