@@ -1,0 +1,119 @@
+// Robot demonstration datasets stored as HDF5: LIBERO / robomimic (one file, many demos) and ALOHA (one file per
+// episode). See docs/data.md and shared/docs/datasets-reference.md for the layouts.
+//
+// A sample at global frame index i (episode e, step t) holds the camera frames and state at t and the action chunk
+// [t, t+H). Past the end of an episode the LAST action is repeated (LeRobot clamps its delta_timestamps queries to
+// the episode, which openpi trains on; a robot that has finished holds its final command).
+//
+// At open the index is built from dataset shapes only; state and action arrays (small) are read into memory and
+// checked for NaN/Inf, images are never read until a sample needs them.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+namespace pi0::data {
+
+class H5File;
+
+/// What to read and how. Empty fields take the per-format defaults (see DatasetOptions::resolved()).
+struct DatasetOptions {
+  /// "libero" (LIBERO / robomimic: data/demo_N/...) or "aloha" (one episode per file).
+  std::string format = "libero";
+  /// Files, directories (every *.hdf5 / *.h5 inside) or glob patterns, e.g. "/data/libero_goal/*_demo.hdf5".
+  std::vector<std::string> paths;
+  /// Model camera slot (base_0_rgb, left_wrist_0_rgb, right_wrist_0_rgb) -> dataset image key.
+  /// Defaults: libero {base_0_rgb: agentview_rgb, left_wrist_0_rgb: eye_in_hand_rgb};
+  ///           aloha  {base_0_rgb: cam_high, left_wrist_0_rgb: cam_left_wrist, right_wrist_0_rgb: cam_right_wrist}.
+  /// Slots without a key (or whose key is absent from a file) get zero images and mask false.
+  std::map<std::string, std::string> cameras;
+  /// Low-dim keys concatenated into the state vector. Defaults: libero [ee_states, gripper_states] (8-d: eef pos,
+  /// axis-angle, 2 finger joints, as openpi's LIBERO client); aloha [qpos] (14-d).
+  std::vector<std::string> state_keys;
+  /// Action key. Defaults: libero "actions" (7-d), aloha "action" (14-d).
+  std::string action_key;
+  /// Fixed prompt for every sample. Empty: libero reads data.attrs["problem_info"]["language_instruction"]
+  /// (falling back to the file name); aloha files store no language, so aloha requires it.
+  std::string prompt;
+  /// H: length of the action chunk per sample (50 for the released pi0 models, 10 for pi05_libero).
+  int64_t action_horizon = 50;
+  /// Rotate frames 180° on read. Default ("auto"): true for libero (its frames are stored upside down and openpi
+  /// trained on rotated ones), false for aloha.
+  std::string flip_images = "auto";
+  /// Keep only the first N episodes (0 = all); for quick experiments.
+  int64_t max_episodes = 0;
+
+  /// A copy with every empty field replaced by the format default; throws UserError for an unknown format.
+  DatasetOptions resolved() const;
+};
+
+/// One sample before any transform: uint8 HWC frames as stored (after the optional flip), native-dim state and
+/// action chunk, prompt text.
+struct RawSample {
+  std::vector<torch::Tensor> images;  ///< per camera slot (model::kCameraNames order): [H,W,3] uint8, or undefined
+  std::vector<bool> image_masks;      ///< per slot: true if the camera exists in the file
+  torch::Tensor state;                ///< [S] float32
+  torch::Tensor actions;              ///< [H,A] float32, rows past the episode end repeat the last action
+  std::string prompt;
+  int64_t episode = 0;                ///< episode index in the dataset
+  int64_t frame = 0;                  ///< t within the episode
+};
+
+/// One episode's location and its in-memory low-dim arrays.
+struct EpisodeInfo {
+  int64_t file = 0;        ///< index into RobotDataset::files()
+  std::string group;       ///< "data/demo_3" (libero) or "" (aloha)
+  int64_t length = 0;      ///< T
+  int64_t first_index = 0; ///< global index of frame 0
+  std::string prompt;
+  std::vector<std::string> camera_paths;  ///< per slot: full dataset path, "" when absent
+  std::vector<bool> camera_jpeg;          ///< per slot: rows are JPEG bytes (ALOHA 2 compressed layout)
+  torch::Tensor state;                    ///< [T,S] float32
+  torch::Tensor actions;                  ///< [T,A] float32
+};
+
+class RobotDataset {
+ public:
+  /// Opens every file and builds the index; throws UserError naming file and key for any problem.
+  explicit RobotDataset(DatasetOptions options);
+  ~RobotDataset();
+
+  int64_t size() const { return size_; }  ///< number of frames = samples
+  int64_t num_episodes() const { return static_cast<int64_t>(episodes_.size()); }
+  int64_t state_dim() const { return state_dim_; }
+  int64_t action_dim() const { return action_dim_; }
+  int64_t action_horizon() const { return options_.action_horizon; }
+  const DatasetOptions& options() const { return options_; }
+  const EpisodeInfo& episode(int64_t e) const { return episodes_.at(static_cast<size_t>(e)); }
+  const std::vector<std::string>& files() const { return file_paths_; }
+
+  /// Sample at global frame index `index` in [0, size()). Thread-safe.
+  RawSample get(int64_t index) const;
+  /// Action chunk [H,A] starting at frame t of episode e (repeat-last rule).
+  torch::Tensor action_chunk(int64_t e, int64_t t) const;
+  /// (episode, frame) of a global index.
+  std::pair<int64_t, int64_t> locate(int64_t index) const;
+
+ private:
+  void open_file(int64_t file_index);
+  void add_episode(int64_t file_index, const std::string& group, const std::string& file_prompt);
+  torch::Tensor read_frame(const EpisodeInfo& ep, size_t slot, int64_t t) const;
+
+  DatasetOptions options_;
+  bool flip_ = false;
+  std::vector<std::string> file_paths_;
+  std::vector<std::unique_ptr<H5File>> files_;
+  std::vector<EpisodeInfo> episodes_;
+  int64_t size_ = 0;
+  int64_t state_dim_ = -1;
+  int64_t action_dim_ = -1;
+};
+
+/// Expands files, directories and glob patterns into a sorted, de-duplicated list; UserError if one matches nothing.
+std::vector<std::string> expand_paths(const std::vector<std::string>& paths);
+
+}  // namespace pi0::data
