@@ -22,8 +22,8 @@ AdamW::AdamW(NamedTensors params, AdamWOptions options) : params_(std::move(para
   for (const auto& [name, p] : params_) {
     PI0_CHECK(p.defined(), "AdamW: parameter '", name, "' is undefined");
     PI0_CHECK(seen.insert(name).second, "AdamW: duplicate parameter name '", name, "'");
-    exp_avg_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
-    exp_avg_sq_.push_back(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+    exp_avg_.push_back(torch::zeros_like(p));
+    exp_avg_sq_.push_back(torch::zeros_like(p));
   }
 }
 

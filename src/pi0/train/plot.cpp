@@ -58,7 +58,9 @@ void put_chunk(std::vector<uint8_t>& out, const char type[4], const std::vector<
 std::string tick_label(double v, double spacing) {
   if (std::abs(v) < spacing * 1e-6) v = 0.0;  // avoid "-1.2e-17" at zero
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g", v);
+  // Step counts read better as "30000" than "3e+04".
+  if (v == std::floor(v) && std::abs(v) < 1e9) std::snprintf(buf, sizeof buf, "%.0f", v);
+  else std::snprintf(buf, sizeof buf, "%.3g", v);
   return buf;
 }
 
