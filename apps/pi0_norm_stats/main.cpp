@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <spdlog/spdlog.h>
+
 #include "pi0/common/check.h"
 #include "pi0/data/dataset.h"
 #include "pi0/data/norm_stats.h"
