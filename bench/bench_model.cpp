@@ -195,9 +195,10 @@ int main(int argc, char** argv) {
               << ", batch " << batch << ", cameras " << cams << ")\nthreads: at::get_num_threads()="
               << at::get_num_threads() << "\n";
     const auto info = at::get_parallel_info() + at::show_config();
-    for (const std::string key : {"ATen parallel backend", "BLAS_INFO", "USE_MKL", "USE_MKLDNN", "CPU capability"}) {
+    // show_config() is one long comma-separated line: print only the entries that decide GEMM speed.
+    for (const std::string key : {"ATen parallel backend", "BLAS_INFO", "USE_MKLDNN", "CPU capability usage"}) {
       auto pos = info.find(key);
-      if (pos != std::string::npos) std::cout << "  " << info.substr(pos, info.find('\n', pos) - pos) << "\n";
+      if (pos != std::string::npos) std::cout << "  " << info.substr(pos, info.find_first_of(",\n", pos) - pos) << "\n";
     }
 
     // --- GEMM rate ---------------------------------------------------------------------------------------
