@@ -1,4 +1,5 @@
 // pi0-norm-stats: computes openpi-format norm_stats.json from a dataset's state and action arrays (no images read).
+//   pi0-norm-stats --config run.yaml [--set section.key=value ...] [--out norm_stats.json]
 //   pi0-norm-stats --format libero --data '/data/libero_goal/*_demo.hdf5' --out norm_stats.json
 //                  [--action-horizon 50] [--state-keys ee_states,gripper_states] [--action-key actions]
 //                  [--delta-mask 6,-1] [--bins 5000]
@@ -10,6 +11,8 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/config/config.h"
+#include "pi0/train/data_setup.h"
 #include "pi0/data/dataset.h"
 #include "pi0/data/norm_stats.h"
 
@@ -34,7 +37,8 @@ std::vector<bool> bool_mask(const std::string& s) {
 }
 
 const char* kUsage =
-    "usage: pi0-norm-stats --format libero|aloha --data <file|dir|glob>[,...] --out norm_stats.json\n"
+    "usage: pi0-norm-stats --config run.yaml [--set section.key=value ...] [--out norm_stats.json]\n"
+    "       pi0-norm-stats --format libero|aloha --data <file|dir|glob>[,...] --out norm_stats.json\n"
     "                      [--action-horizon H] [--state-keys a,b] [--action-key k] [--delta-mask 6,-1] [--bins N]\n";
 
 }  // namespace
@@ -43,14 +47,17 @@ int main(int argc, char** argv) {
   try {
     pi0::data::DatasetOptions opt;
     pi0::data::NormStatsOptions stats_opt;
-    std::string out;
+    std::string out, config_path;
+    std::vector<std::string> overrides;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       auto value = [&]() -> std::string {
         if (i + 1 >= argc) throw pi0::UserError(a + ": missing value");
         return argv[++i];
       };
-      if (a == "--format") opt.format = value();
+      if (a == "--config") config_path = value();
+      else if (a == "--set") overrides.push_back(value());
+      else if (a == "--format") opt.format = value();
       else if (a == "--data") opt.paths = split(value());
       else if (a == "--out") out = value();
       else if (a == "--action-horizon") opt.action_horizon = std::stoll(value());
@@ -60,6 +67,14 @@ int main(int argc, char** argv) {
       else if (a == "--bins") stats_opt.num_bins = std::stoll(value());
       else if (a == "-h" || a == "--help") { std::cout << kUsage; return 0; }
       else throw pi0::UserError("unknown flag " + a + "\n" + kUsage);
+    }
+    if (!config_path.empty()) {
+      // The dataset, horizon and delta mask of a training config; the output goes to its data.norm_stats.
+      const auto cfg = pi0::config::load_config(config_path, overrides);
+      opt = pi0::train::dataset_options(cfg);
+      stats_opt.delta_action_mask = cfg.data.delta_action_mask;
+      if (out.empty()) out = cfg.data.norm_stats;
+      if (out.empty()) throw pi0::UserError(config_path + ": data.norm_stats is not set and no --out was given");
     }
     if (opt.paths.empty() || out.empty()) throw pi0::UserError(std::string("--data and --out are required\n") + kUsage);
     opt.prompt = opt.prompt.empty() && opt.format == "aloha" ? "unused" : opt.prompt;  // stats never read prompts
