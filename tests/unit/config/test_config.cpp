@@ -2,6 +2,9 @@
 // key and value, and round trip of the resolved config.
 #include <catch2/catch.hpp>
 
+#include <fstream>
+#include <iterator>
+
 #include "pi0/common/check.h"
 #include "pi0/config/config.h"
 
@@ -89,4 +92,14 @@ TEST_CASE("config reference lists every key with its default", "[unit][config]")
     if (key == "train.lr_warmup_steps") found = def == "1000";
   }
   CHECK(found);
+}
+
+TEST_CASE("docs/config.md lists every key with its current default", "[unit][config]") {
+  std::ifstream f(std::string(PI0_SOURCE_DIR) + "/docs/config.md");
+  REQUIRE(f);
+  const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (const auto& [key, def, text] : config_reference()) {
+    INFO("regenerate with: pi0-train --config-reference (key " << key << ")");
+    CHECK(doc.find("| `" + key + "` | `" + def + "` | " + text + " |") != std::string::npos);
+  }
 }

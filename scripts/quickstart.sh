@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The README's first command: sets up, then runs the main job on the built-in example, end to end:
+# example data + norm stats → parameter breakdown → train the tiny pi0.5 on CPU (with a stop and --resume in the
+# middle) → loss plot → export an inference bundle → pi0-infer on a sample observation.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD="${BUILD_DIR:-build}"
+RUN=runs/quickstart
+scripts/setup.sh "$BUILD"
+
+step() { echo; echo "==> $*"; }
+
+if ! ls data/generated/example/*.hdf5 >/dev/null 2>&1; then
+  step "generating the example LIBERO-layout dataset"
+  "$BUILD/pi0-make-example-data" --out data/generated/example --episodes 8 --steps 40
+fi
+if [ ! -f data/generated/example/norm_stats.json ]; then
+  step "computing normalization statistics (state and actions only, no images decoded)"
+  "$BUILD/pi0-norm-stats" --config configs/debug.yaml
+fi
+
+step "trainable parameters of the full-size pi0.5 LoRA config (counted from shapes, nothing allocated)"
+"$BUILD/pi0-train" --config configs/pi05_libero_lora.yaml --print-params
+
+rm -rf "$RUN"
+step "training the tiny pi0.5 for 150 steps"
+"$BUILD/pi0-train" --config configs/debug.yaml --set checkpoint.run_dir="$RUN" --set train.num_steps=150
+step "resuming from the newest checkpoint to step 300"
+"$BUILD/pi0-train" --config configs/debug.yaml --set checkpoint.run_dir="$RUN" --resume
+
+step "plotting loss and learning rate"
+"$BUILD/pi0-plot" --metrics "$RUN/metrics.jsonl" --out "$RUN/loss.png"
+
+step "exporting an inference bundle (EMA weights, bf16, openpi's PyTorch layout)"
+"$BUILD/pi0-export" --checkpoint "$RUN" --out "$RUN/bundle" --dtype bf16
+
+step "running pi0-infer on a sample observation"
+"$BUILD/pi0-make-example-data" --observation-out "$RUN/observation.safetensors" --out data/generated/example
+"$BUILD/pi0-infer" --bundle "$RUN/bundle" --obs "$RUN/observation.safetensors" --prompt "reach the red blob" \
+  --out "$RUN/actions.safetensors"
+echo
+echo "done: run directory $RUN (metrics.jsonl, loss.png, checkpoints/, bundle/, actions.safetensors)"
