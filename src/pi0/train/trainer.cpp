@@ -107,6 +107,9 @@ void Trainer::build_model() {
     io::LoadOptions lo;
     lo.reinit_mismatched_projections = cfg_.checkpoint.reinit_mismatched_projections;
     io::load_model_weights(*model_, cfg_.checkpoint.init_weights, lo);
+  } else if (cfg_.model.vocab_size == model::kPaligemmaVocabSize) {
+    spdlog::warn("checkpoint.init_weights is empty: training a full-size model from random initialization "
+                 "(set it to a pi0_base / pi05_base model.safetensors to fine-tune)");
   }
   trainable_ = apply_freeze(*model_, cfg_.train.freeze, cfg_.train.trainable_include, cfg_.train.trainable_exclude);
   const auto& precision = cfg_.train.precision;
