@@ -4,8 +4,10 @@
 // Observation keys (openpi names) and outputs: docs/formats.md, "Observation files for pi0-infer".
 // Exit codes: 0 done, 2 bad input, 1 internal error.
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
