@@ -15,6 +15,7 @@ GemmaOptions gemma_variant(const std::string& name) {
   if (lora) base = base.substr(0, base.size() - lora_suffix.size());
   if (base == "dummy") {
     o = GemmaOptions{64, 4, 128, 8, 1, 16};
+    if (lora) o.lora_rank = 4, o.lora_alpha = 8.0;  // not in openpi: lets tests run the LoRA path on a tiny model
   } else if (base == "small_512") {  // CPU benchmark sizes (configs/bench_cpu.yaml)
     o = GemmaOptions{512, 6, 2048, 8, 1, 64};
   } else if (base == "small_256") {
@@ -27,7 +28,7 @@ GemmaOptions gemma_variant(const std::string& name) {
     if (lora) o.lora_rank = 16, o.lora_alpha = 16.0;
   } else {
     throw UserError("unknown Gemma variant '" + name +
-                    "' (expected dummy, small_256, small_512, gemma_300m, gemma_2b, gemma_300m_lora or gemma_2b_lora)");
+                    "' (expected dummy, dummy_lora, small_256, small_512, gemma_300m, gemma_2b, gemma_300m_lora or gemma_2b_lora)");
   }
   if (lora && o.lora_rank == 0) throw UserError("Gemma variant '" + name + "' has no LoRA form");
   o.vocab_size = kPaligemmaVocabSize;

@@ -26,7 +26,8 @@ struct GemmaOptions {
 };
 
 /// Named variants of openpi gemma.py get_config: "dummy", "gemma_300m", "gemma_2b" (+ "_lora" suffixes), and
-/// "small_512" / "small_256" (6 layers, head_dim 64) for the CPU benchmark.
+/// "small_512" / "small_256" (6 layers, head_dim 64) for the CPU benchmark, and "dummy_lora" (rank 4, alpha 8; not
+/// in openpi) so tests can exercise LoRA on a tiny model.
 /// vocab_size is set to 257152 (PaliGemma) for every variant; callers clear it for the action expert.
 GemmaOptions gemma_variant(const std::string& name);
 

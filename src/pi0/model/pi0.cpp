@@ -1,5 +1,6 @@
 #include "pi0/model/pi0.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "pi0/common/check.h"
@@ -272,20 +273,44 @@ torch::Tensor Pi0Impl::compute_loss(const Observation& obs, const torch::Tensor&
   return (v_t - u_t).pow(2);
 }
 
+double SampleTiming::total_ms() const {
+  double t = prefix_ms;
+  for (double s : step_ms) t += s;
+  return t;
+}
+
+namespace {
+// Milliseconds since `since`, after waiting for queued CUDA work on `device` (kernels run asynchronously).
+double elapsed_ms(std::chrono::steady_clock::time_point since, const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
+}
+}  // namespace
+
 torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torch::Tensor> noise, int64_t num_steps,
-                                      bool use_kv_cache) {
+                                      bool use_kv_cache, SampleTiming* timing) {
   PI0_CHECK(num_steps > 0, "num_steps must be positive");
   torch::NoGradGuard no_grad;
   const int64_t b = obs.batch_size(), h = options_.action_horizon;
   const auto acc = compute_dtype_ == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   auto f32 = torch::TensorOptions().dtype(acc).device(obs.state.device());
   auto x = noise ? noise->to(acc) : torch::randn({b, h, options_.action_dim}, f32);
+  const auto device = obs.state.device();
+  if (timing) {
+    *timing = SampleTiming{};
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+  }
+  auto clock = std::chrono::steady_clock::now();
   auto prefix = embed_prefix(obs);
   KVCache cache;
   auto& pwe = *paligemma_with_expert;
   if (use_kv_cache) {
     pwe.forward(prefix.embs, torch::Tensor(), nn::make_attn_mask(prefix.pad_mask, prefix.ar_mask),
                 nn::positions_from_mask(prefix.pad_mask), torch::Tensor(), nullptr, &cache, false);
+  }
+  if (timing) {
+    timing->prefix_ms = elapsed_ms(clock, device);
+    clock = std::chrono::steady_clock::now();
   }
   // Time advances in float32 like the reference's `t + dt` loop.
   const float dt = -1.0f / static_cast<float>(num_steps);
@@ -308,6 +333,10 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
     }
     x = x + dt * v;
     t += dt;
+    if (timing) {
+      timing->step_ms.push_back(elapsed_ms(clock, device));
+      clock = std::chrono::steady_clock::now();
+    }
   }
   return x;
 }

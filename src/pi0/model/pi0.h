@@ -66,6 +66,13 @@ TORCH_MODULE(PaliGemmaWithExpert);
 torch::Tensor joint_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& mask);
 
+/// Wall-clock times of one sample_actions call, in milliseconds (CUDA work is synchronized before each reading).
+struct SampleTiming {
+  double prefix_ms = 0.0;           ///< embed_prefix + the prefix KV-cache pass (embedding only without the cache)
+  std::vector<double> step_ms;      ///< one per denoise step, in order
+  double total_ms() const;
+};
+
 class Pi0Impl : public torch::nn::Module {
  public:
   explicit Pi0Impl(Pi0Options o);
@@ -76,9 +83,10 @@ class Pi0Impl : public torch::nn::Module {
                              std::optional<torch::Tensor> noise = std::nullopt,
                              std::optional<torch::Tensor> time = std::nullopt);
   /// Euler integration from t=1 (noise) to t=0 with dt = −1/num_steps. use_kv_cache=false recomputes the
-  /// prefix at every step (reference check and benchmark baseline). Returns [B,H,A] float32.
+  /// prefix at every step (reference check and benchmark baseline). Returns [B,H,A] float32. `timing`, when
+  /// given, receives the prefix-pass and per-step times (the result is the same with or without it).
   torch::Tensor sample_actions(const Observation& obs, std::optional<torch::Tensor> noise = std::nullopt,
-                               int64_t num_steps = 10, bool use_kv_cache = true);
+                               int64_t num_steps = 10, bool use_kv_cache = true, SampleTiming* timing = nullptr);
 
   /// Dtype of activations in the transformer blocks (float32 or bfloat16); norms, softmax and the loss stay
   /// float32 whatever this is.

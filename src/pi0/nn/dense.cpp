@@ -56,6 +56,19 @@ void DenseImpl::merge_lora() {
   lora_b = torch::Tensor();
 }
 
+int64_t merge_all_lora(torch::nn::Module& module) {
+  int64_t merged = 0;
+  auto merge = [&](torch::nn::Module& m) {
+    if (auto* d = dynamic_cast<DenseImpl*>(&m); d && d->has_lora()) {
+      d->merge_lora();
+      ++merged;
+    }
+  };
+  merge(module);
+  for (const auto& child : module.modules(/*include_self=*/false)) merge(*child);
+  return merged;
+}
+
 torch::Tensor gelu_tanh(const torch::Tensor& x) {
   return torch::gelu(x, "tanh");
 }

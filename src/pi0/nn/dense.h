@@ -35,6 +35,10 @@ class DenseImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Dense);
 
+/// Calls merge_lora() on every Dense in `module` (recursively, `module` included); returns how many layers had
+/// LoRA factors. Afterwards named_parameters() holds no `lora_a`/`lora_b`.
+int64_t merge_all_lora(torch::nn::Module& module);
+
 /// tanh-approximated GELU (flax `nn.gelu` default, HF `gelu_pytorch_tanh`).
 torch::Tensor gelu_tanh(const torch::Tensor& x);
 

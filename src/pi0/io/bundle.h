@@ -1,0 +1,84 @@
+// Inference bundles: a training checkpoint reduced to what serving needs (openpi-reference §10: model.safetensors
+// in openpi's PyTorch layout + config.json + assets/<asset_id>/norm_stats.json), plus our config.yaml and the
+// tokenizer, so pi0-infer needs nothing else. Layout and rules: docs/formats.md, "Inference bundle".
+//
+// Export: config.yaml of the checkpoint → model; model.safetensors (exact names, LoRA included) loaded; EMA
+// averages (trainable parameters only) overlaid when chosen; LoRA merged into the base weights; written in openpi
+// naming at the requested dtype to a temporary sibling directory, which is then renamed into place.
+//
+// Also here: turning an observation file (openpi key names, raw robot state) into a model::Observation with the
+// same steps as the training transform (data/transforms.h), and the inverse on the model's actions.
+#pragma once
+#include <map>
+#include <optional>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "pi0/config/config.h"
+#include "pi0/data/norm_stats.h"
+#include "pi0/data/transforms.h"
+#include "pi0/model/pi0.h"
+
+namespace pi0::data {
+class Tokenizer;
+}
+
+namespace pi0::io {
+
+struct ExportOptions {
+  /// "ema" (error if the checkpoint has none), "model", or "" = ema if the checkpoint has ema.safetensors, else
+  /// model (with a log notice).
+  std::string weights;
+  /// dtype of every tensor in the exported model.safetensors: bfloat16 (openpi converter default) or float32.
+  torch::ScalarType dtype = torch::kBFloat16;
+};
+
+struct ExportReport {
+  std::string checkpoint_dir;  ///< the checkpoint that was exported
+  std::string out_dir;
+  std::string weights;         ///< "ema" or "model": what was actually used
+  int64_t lora_layers_merged = 0;
+  int64_t num_tensors = 0;     ///< tensors in the exported model.safetensors
+};
+
+/// Exports the complete checkpoint `checkpoint_dir` (a run_dir/checkpoints/<step>/ with COMPLETE) to `out_dir`.
+/// `out_dir` must not exist, be empty or hold an earlier bundle (replaced); anything else is refused.
+/// Throws pi0::UserError naming the file or option at fault.
+ExportReport export_bundle(const std::string& checkpoint_dir, const std::string& out_dir,
+                           const ExportOptions& options = {});
+
+/// A loaded bundle: the model (float32 parameters, eval mode, on `device`) and what its inputs need.
+struct Bundle {
+  std::string dir;
+  config::Config config;         ///< model/data sections describe the model and its transforms
+  model::Pi0 model{nullptr};
+  data::NormStats norm_stats;    ///< from assets/<asset_id>/norm_stats.json
+  std::string tokenizer_path;    ///< <dir>/tokenizer.model
+  data::TransformOptions transform;  ///< resolved training transform options (norm mode, dims, prompt format)
+};
+
+/// Loads `dir` (written by export_bundle). Throws pi0::UserError naming the missing or malformed file.
+Bundle load_bundle(const std::string& dir, const torch::Device& device = torch::kCPU);
+
+/// Model inputs built from an observation file's tensors, plus the raw state kept for unnormalizing.
+struct InferenceInputs {
+  model::Observation observation;  ///< on CPU
+  torch::Tensor raw_state;         ///< [B,S] float32, as given
+};
+
+/// Builds the model's observation from `tensors` (keys `image/<camera>`, `image_mask/<camera>`, `state`,
+/// `tokenized_prompt`, `tokenized_prompt_mask`; other keys are ignored here): images resized with padding to the
+/// model's size, absent cameras zero and masked out, state normalized with the bundle's stats (and shown to the
+/// tokenizer in pi0.5's discrete-state format) then zero-padded to action_dim. `prompt`, when given, is tokenized
+/// with `tokenizer` instead of reading tokenized_prompt. `source` (the file path) starts every error message.
+InferenceInputs make_inference_inputs(const Bundle& bundle, const std::map<std::string, torch::Tensor>& tensors,
+                                      const std::string& source, const std::optional<std::string>& prompt,
+                                      const data::Tokenizer* tokenizer);
+
+/// Model-space actions [B,H,A] → robot actions [B,H,D] (D = dim of the norm stats' `actions`): unnormalized with
+/// the bundle's stats and, if the model was trained on delta actions (data.delta_action_mask), made absolute
+/// again w.r.t. `raw_state` [B,S] (openpi's output transforms: Unnormalize, then AbsoluteActions).
+torch::Tensor robot_actions(const Bundle& bundle, const torch::Tensor& actions_BHA, const torch::Tensor& raw_state_BS);
+
+}  // namespace pi0::io
