@@ -1,0 +1,330 @@
+// bench_train: throughput and peak memory of full training steps through the real Trainer, for
+// precision ∈ {float32, bf16-mixed} × gradient checkpointing ∈ {off, on} (and optionally several batch sizes).
+//   bench_train [--config configs/bench_cpu.yaml] [--steps N] [--warmup W] [--batches 4,8]
+//               [--precisions float32,bf16-mixed] [--workers 2] [--no-augment] [--threads T]
+//               [--json out.json] [--dir DIR] [--tokenizer PATH]
+// The parent writes a LIBERO-layout example dataset with 224×224 frames (2 cameras) and its norm stats into DIR,
+// then runs every configuration in a fresh child process (fork + exec of this binary with --child), so one
+// configuration's allocator state and peak RSS never leak into the next. The child builds a Trainer from the config
+// (data section pointed at DIR, run_dir in DIR), runs W+N optimizer steps (forward, backward, clipping, AdamW, EMA,
+// with the loader's worker threads running as in training) with log_interval = 1, and reads the per-step
+// step_time_s back from metrics.jsonl; the first W steps are dropped. Step time therefore includes any wait for
+// the loader. Peak RSS is the child's VmHWM at the end; "base" is VmRSS after the Trainer is built (LibTorch,
+// weights, AdamW moments, EMA, prefetched batches), and "train" = peak − base, the activations and gradients.
+// NOTE: with the LIBERO camera mapping, the third slot (right wrist) is a masked zero image that still goes through
+// SigLIP, as in openpi: 3 × 256 image tokens per sample, not bench_cpu.yaml's one camera.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include "pi0/common/check.h"
+#include "pi0/config/config.h"
+#include "pi0/data/dataset.h"
+#include "pi0/data/example_data.h"
+#include "pi0/data/norm_stats.h"
+#include "pi0/data/tokenizer.h"
+#include "pi0/model/model_config.h"
+#include "pi0/train/data_setup.h"
+#include "pi0/train/metrics.h"
+#include "pi0/train/trainer.h"
+
+using namespace pi0;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Args {
+  std::string config = "configs/bench_cpu.yaml";
+  int steps = 5;                       ///< timed optimizer steps per configuration
+  int warmup = 2;                      ///< untimed steps first (allocator warm-up, first-call overheads)
+  std::vector<int64_t> batches;        ///< empty = train.batch_size of the config
+  std::vector<std::string> precisions = {"float32", "bf16-mixed"};
+  int64_t workers = 2;                 ///< data.num_workers
+  bool augment = true;                 ///< data.augment
+  int threads = 0;                     ///< 0 = LibTorch's default
+  std::string json;
+  std::string dir = (fs::temp_directory_path() / "pi0_bench_train").string();
+  std::string tokenizer;
+  // child mode
+  bool child = false;
+  std::string precision = "float32";
+  bool checkpointing = false;
+  int64_t batch = 0;
+  std::string out;  ///< child's result file
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc) throw UserError(std::string(argv[i]) + " needs a value");
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--config") a.config = value(i);
+    else if (k == "--steps") a.steps = std::stoi(value(i));
+    else if (k == "--warmup") a.warmup = std::stoi(value(i));
+    else if (k == "--batches") {
+      a.batches.clear();
+      for (const auto& b : split(value(i))) a.batches.push_back(std::stoll(b));
+    } else if (k == "--precisions") a.precisions = split(value(i));
+    else if (k == "--workers") a.workers = std::stoll(value(i));
+    else if (k == "--no-augment") a.augment = false;
+    else if (k == "--threads") a.threads = std::stoi(value(i));
+    else if (k == "--json") a.json = value(i);
+    else if (k == "--dir") a.dir = value(i);
+    else if (k == "--tokenizer") a.tokenizer = value(i);
+    else if (k == "--child") a.child = true;
+    else if (k == "--precision") a.precision = value(i);
+    else if (k == "--checkpointing") a.checkpointing = value(i) == "1";
+    else if (k == "--batch") a.batch = std::stoll(value(i));
+    else if (k == "--out") a.out = value(i);
+    else throw UserError("unknown argument '" + k + "' (see the usage line at the top of bench/bench_train.cpp)");
+  }
+  if (a.steps < 1 || a.warmup < 0) throw UserError("--steps must be >= 1 and --warmup >= 0");
+  if (a.tokenizer.empty()) {
+    // Run from the repo root or build/ (or pass --tokenizer).
+    for (const char* c : {"data/tokenizer/tiny_spm.model", "../data/tokenizer/tiny_spm.model"})
+      if (fs::exists(c)) a.tokenizer = fs::absolute(c).string();
+  }
+  if (a.tokenizer.empty()) throw UserError("tokenizer not found; pass --tokenizer data/tokenizer/tiny_spm.model");
+  return a;
+}
+
+/// A field of /proc/self/status in MiB (VmRSS, VmHWM), or -1.
+double proc_status_mib(const std::string& key) {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind(key + ":", 0) == 0) return std::stod(line.substr(key.size() + 1)) / 1024.0;  // kB
+  }
+  return -1;
+}
+
+/// The config with the data section pointed at the generated dataset and the bench's choices applied.
+config::Config bench_config(const Args& a, int64_t batch) {
+  auto cfg = config::load_config(a.config);
+  cfg.data.dataset.format = "libero";
+  cfg.data.dataset.paths = {(fs::path(a.dir) / "*.hdf5").string()};
+  cfg.data.norm_stats = (fs::path(a.dir) / "norm_stats.json").string();
+  cfg.data.tokenizer = a.tokenizer;
+  cfg.data.num_workers = a.workers;
+  cfg.data.augment = a.augment;
+  const int64_t vocab = data::Tokenizer(a.tokenizer).vocab_size();
+  cfg.model.vocab_size = std::max(cfg.model.vocab_size, vocab);
+  if (batch > 0) cfg.train.batch_size = batch;
+  cfg.train.precision = a.precision;
+  cfg.train.gradient_checkpointing = a.checkpointing;
+  cfg.train.num_steps = a.warmup + a.steps;
+  cfg.train.log_interval = 1;
+  cfg.train.lr_warmup_steps = 1;
+  cfg.train.lr_decay_steps = cfg.train.num_steps;
+  cfg.checkpoint.save_interval = 1000000;  // only the final checkpoint, after the last timed step
+  cfg.checkpoint.keep_last = 1;
+  cfg.checkpoint.keep_period = 0;
+  config::validate(cfg);
+  return cfg;
+}
+
+struct Timing {
+  double median = 0, best = 0;
+};
+
+Timing summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  Timing t;
+  t.best = v.front();
+  t.median = v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+  return t;
+}
+
+/// Child: one configuration, result as JSON in a.out.
+int run_child(const Args& a) {
+  spdlog::set_level(spdlog::level::warn);
+  if (a.threads > 0) torch::set_num_threads(a.threads);
+  auto cfg = bench_config(a, a.batch);
+  const fs::path run_dir = fs::path(a.dir) / ("run_" + std::to_string(::getpid()));
+  fs::remove_all(run_dir);
+  cfg.checkpoint.run_dir = run_dir.string();
+  double base_mib = 0;
+  {
+    train::Trainer trainer(cfg);
+    base_mib = proc_status_mib("VmRSS");
+    trainer.run();
+  }
+  const double peak_mib = proc_status_mib("VmHWM");
+  std::vector<double> step_s;
+  for (const auto& r : train::read_metrics((run_dir / "metrics.jsonl").string())) {
+    if (r.at("step").get<int64_t>() > a.warmup) step_s.push_back(r.at("step_time_s").get<double>());
+  }
+  PI0_CHECK(static_cast<int>(step_s.size()) == a.steps, "expected ", a.steps, " timed steps in metrics.jsonl, got ",
+            step_s.size());
+  const auto t = summarize(step_s);
+  nlohmann::json out = {{"precision", a.precision},
+                        {"gradient_checkpointing", a.checkpointing},
+                        {"batch", cfg.train.batch_size},
+                        {"step_s", step_s},
+                        {"step_s_median", t.median},
+                        {"step_s_best", t.best},
+                        {"samples_per_s_median", static_cast<double>(cfg.train.batch_size) / t.median},
+                        {"samples_per_s_best", static_cast<double>(cfg.train.batch_size) / t.best},
+                        {"rss_base_mib", base_mib},
+                        {"rss_peak_mib", peak_mib},
+                        {"rss_train_mib", peak_mib - base_mib},
+                        {"torch_threads", at::get_num_threads()}};
+  std::ofstream(a.out) << out.dump(2) << "\n";
+  fs::remove_all(run_dir);
+  return 0;
+}
+
+/// Parent: runs one configuration in a fresh process and returns its result.
+nlohmann::json spawn_child(const Args& a, const std::string& precision, bool checkpointing, int64_t batch) {
+  const std::string out = (fs::path(a.dir) / "child_result.json").string();
+  fs::remove(out);
+  std::vector<std::string> args = {"/proc/self/exe", "--child", "--config", a.config, "--steps", std::to_string(a.steps),
+                                   "--warmup", std::to_string(a.warmup), "--workers", std::to_string(a.workers),
+                                   "--threads", std::to_string(a.threads), "--dir", a.dir, "--tokenizer", a.tokenizer,
+                                   "--precision", precision, "--checkpointing", checkpointing ? "1" : "0",
+                                   "--batch", std::to_string(batch), "--out", out};
+  if (!a.augment) args.push_back("--no-augment");
+  std::vector<char*> argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::execv(argv[0], argv.data());
+    std::perror("execv");
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !fs::exists(out)) {
+    throw std::runtime_error("child for precision " + precision + ", checkpointing " + (checkpointing ? "on" : "off") +
+                             ", batch " + std::to_string(batch) + " failed (status " + std::to_string(status) + ")");
+  }
+  std::ifstream f(out);
+  return nlohmann::json::parse(f);
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+int run_parent(Args a) {
+  spdlog::set_level(spdlog::level::warn);
+  const bool created_dir = fs::create_directories(a.dir);
+  a.dir = fs::absolute(a.dir).string();
+  a.config = fs::absolute(a.config).string();
+  // Enough frames for the longest child (W+N steps of the largest batch) without wrapping an epoch.
+  const int64_t max_batch = a.batches.empty() ? config::load_config(a.config).train.batch_size
+                                              : *std::max_element(a.batches.begin(), a.batches.end());
+  data::ExampleDataOptions eo;
+  eo.image_size = 224;
+  eo.episodes = 4;
+  eo.steps = std::max<int64_t>(50, (a.warmup + a.steps + 4 /*prefetch*/ + 1) * max_batch / eo.episodes + 1);
+  data::write_example_libero(a.dir, eo);
+  const auto cfg0 = bench_config(a, a.batches.empty() ? 0 : a.batches.front());
+  int64_t frames = 0;
+  {
+    data::RobotDataset dataset(train::dataset_options(cfg0));
+    frames = dataset.size();
+    data::save_norm_stats(data::compute_norm_stats(dataset), cfg0.data.norm_stats);
+  }
+  const auto mopts = model::options_from_config(cfg0.model);
+  if (a.batches.empty()) a.batches = {cfg0.train.batch_size};
+
+  std::printf("# bench_train\n\nconfig %s (%s, prefix width %lld, expert width %lld, depth %lld, SigLIP %s at %lld)\n",
+              a.config.c_str(), mopts.pi05 ? "pi05" : "pi0", static_cast<long long>(mopts.paligemma.width),
+              static_cast<long long>(mopts.action_expert.width), static_cast<long long>(mopts.paligemma.depth),
+              cfg0.model.siglip_variant.c_str(), static_cast<long long>(cfg0.model.image_size));
+  std::printf("data: %lld frames, 224x224, LIBERO cameras (2 real + 1 masked slot); loader workers %lld, augment %s\n",
+              static_cast<long long>(frames), static_cast<long long>(a.workers), a.augment ? "on" : "off");
+  std::printf("each row: a fresh process, %d warm-up + %d timed steps (fwd+bwd+clip+AdamW+EMA), median and best step\n"
+              "threads: at::get_num_threads()=%d in the parent\n\n",
+              a.warmup, a.steps, at::get_num_threads());
+  std::printf("| precision | grad ckpt | batch | step s (median) | step s (best) | samples/s (median) | samples/s (best) "
+              "| peak RSS MiB | base MiB | train MiB |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  nlohmann::json rows = nlohmann::json::array();
+  for (const int64_t batch : a.batches) {
+    for (const auto& precision : a.precisions) {
+      for (const bool ckpt : {false, true}) {
+        auto r = spawn_child(a, precision, ckpt, batch);
+        std::printf("| %s | %s | %lld | %.3f | %.3f | %.2f | %.2f | %.0f | %.0f | %.0f |\n", precision.c_str(),
+                    ckpt ? "on" : "off", static_cast<long long>(batch), r["step_s_median"].get<double>(),
+                    r["step_s_best"].get<double>(), r["samples_per_s_median"].get<double>(),
+                    r["samples_per_s_best"].get<double>(), r["rss_peak_mib"].get<double>(),
+                    r["rss_base_mib"].get<double>(), r["rss_train_mib"].get<double>());
+        std::fflush(stdout);
+        rows.push_back(r);
+      }
+    }
+  }
+
+  std::printf("\nGradient checkpointing on vs off (targets: peak memory <= 60 %%, step time <= 1.4x)\n\n"
+              "| precision | batch | peak RSS on/off | train MiB on/off | step time on/off (median) | (best) |\n"
+              "|---|---|---|---|---|---|\n");
+  nlohmann::json ratios = nlohmann::json::array();
+  for (size_t i = 0; i + 1 < rows.size(); i += 2) {
+    const auto &off = rows[i], &on = rows[i + 1];
+    const double peak = on["rss_peak_mib"].get<double>() / off["rss_peak_mib"].get<double>();
+    const double train = on["rss_train_mib"].get<double>() / off["rss_train_mib"].get<double>();
+    const double time_med = on["step_s_median"].get<double>() / off["step_s_median"].get<double>();
+    const double time_best = on["step_s_best"].get<double>() / off["step_s_best"].get<double>();
+    std::printf("| %s | %lld | %s | %s | %sx | %sx |\n", off["precision"].get<std::string>().c_str(),
+                static_cast<long long>(off["batch"].get<int64_t>()), (fmt("%.0f", 100 * peak) + " %").c_str(),
+                (fmt("%.0f", 100 * train) + " %").c_str(), fmt("%.2f", time_med).c_str(),
+                fmt("%.2f", time_best).c_str());
+    ratios.push_back({{"precision", off["precision"]},
+                      {"batch", off["batch"]},
+                      {"peak_rss_ratio", peak},
+                      {"train_rss_ratio", train},
+                      {"step_time_ratio_median", time_med},
+                      {"step_time_ratio_best", time_best}});
+  }
+  if (!a.json.empty()) {
+    nlohmann::json j = {{"config", a.config}, {"steps", a.steps},       {"warmup", a.warmup},
+                        {"workers", a.workers}, {"augment", a.augment}, {"rows", rows},
+                        {"checkpointing_ratios", ratios}};
+    std::ofstream(a.json) << j.dump(2) << "\n";
+  }
+  // Only what this run wrote: --dir may name an existing directory.
+  if (created_dir) fs::remove_all(a.dir);
+  else for (const auto* f : {"reach_the_red_blob_demo.hdf5", "norm_stats.json", "child_result.json"}) fs::remove(fs::path(a.dir) / f);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args args = parse_args(argc, argv);
+    return args.child ? run_child(args) : run_parent(args);
+  } catch (const std::exception& e) {
+    std::cerr << "bench_train: " << e.what() << "\n";
+    return 1;
+  }
+}
