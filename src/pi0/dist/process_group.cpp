@@ -1,7 +1,7 @@
 // c10d glue. LibTorch 1.13 (Debian) and 2.x differ in one place that matters here: the backends (Gloo, NCCL)
 // derive from c10d::ProcessGroup in 1.x and from c10d::Backend in 2.x; both expose the same collective calls.
-// The backend headers are guarded by USE_C10D_GLOO / USE_C10D_NCCL, which LibTorch's CMake config does not export,
-// so they are defined here, for this file only.
+// The backend headers are guarded by USE_C10D_GLOO / USE_C10D_NCCL; LibTorch's CMake config exports them for some
+// builds only, so they are defined here (for this file) when the headers they need are present.
 #include "pi0/dist/process_group.h"
 
 #include <torch/version.h>
@@ -16,13 +16,17 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #if __has_include(<gloo/context.h>)
+#ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO 1
+#endif
 #define PI0_HAVE_GLOO 1
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #endif
 
 #ifdef PI0_WITH_CUDA
+#ifndef USE_C10D_NCCL
 #define USE_C10D_NCCL 1
+#endif
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -154,7 +158,7 @@ ProcessGroup::ProcessGroup(const DistEnv& env, torch::Device device, std::chrono
 #endif
     } else if (device.is_cuda()) {
 #ifdef PI0_WITH_CUDA
-      c10::cuda::set_device(device.index());
+      c10::cuda::set_device(device.has_index() ? device.index() : 0);
       // Without async error handling a dead peer leaves NCCL kernels spinning forever; with it the watchdog
       // aborts the communicator after the timeout. Both spellings (1.x and 2.x); a user's setting wins.
       setenv("NCCL_ASYNC_ERROR_HANDLING", "1", 0);
