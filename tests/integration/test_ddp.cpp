@@ -61,8 +61,7 @@ const TempDir& example_data() {
 std::vector<std::string> train_args(const std::string& run_dir, int64_t steps, const std::vector<std::string>& extra) {
   const auto& d = example_data();
   std::vector<std::string> a = {kBin + "/pi0-train", "--config", kSrc + "/configs/debug.yaml"};
-  for (const std::string& s :
-       {"data.dataset.paths=[" + d.str() + "/*.hdf5]", "data.norm_stats=" + d.str("norm_stats.json"),
+  for (const std::string& s : std::vector<std::string>{"data.dataset.paths=[" + d.str() + "/*.hdf5]", "data.norm_stats=" + d.str("norm_stats.json"),
         "data.tokenizer=" + kSrc + "/data/tokenizer/tiny_spm.model", "data.augment=false", "data.num_workers=0",
         "checkpoint.run_dir=" + run_dir, "train.num_steps=" + std::to_string(steps), "train.batch_size=8",
         std::string("train.precision=float32"), std::string("train.ema_decay=0"), std::string("train.log_interval=1"),

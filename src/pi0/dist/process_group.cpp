@@ -56,6 +56,12 @@ bool is_loopback(const std::string& host) {
 }  // namespace
 
 struct ProcessGroup::Impl {
+  /// The dtype a tensor travels in: Gloo (1.13 at least) has no bfloat16 reductions, so bfloat16 goes as float32
+  /// (exact for broadcasts; sums are then rounded once, at the end).
+  c10::ScalarType wire_dtype(c10::ScalarType t) const {
+    return backend_name == "gloo" && t == c10::kBFloat16 ? c10::kFloat : t;
+  }
+
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<C10dBackend> backend;
   std::string backend_name;
@@ -81,9 +87,11 @@ namespace {
 
 class PendingWorkImpl final : public PendingWork {
  public:
-  PendingWorkImpl(const ProcessGroup::Impl* impl, c10::intrusive_ptr<c10d::Work> work, torch::Tensor t,
-                  std::string what, double timeout_s, std::chrono::milliseconds timeout, bool cpu)
-      : impl_(impl), work_(std::move(work)), tensor_(std::move(t)), what_(std::move(what)),
+  /// `wire`: the tensor being reduced; `t`: the caller's tensor, which receives the result in wait() when the
+  /// two differ (dtype converted for the backend).
+  PendingWorkImpl(const ProcessGroup::Impl* impl, c10::intrusive_ptr<c10d::Work> work, torch::Tensor wire,
+                  torch::Tensor t, std::string what, double timeout_s, std::chrono::milliseconds timeout, bool cpu)
+      : impl_(impl), work_(std::move(work)), wire_(std::move(wire)), tensor_(std::move(t)), what_(std::move(what)),
         timeout_s_(timeout_s), timeout_(timeout), done_(std::make_shared<std::atomic<int64_t>>(0)) {
     if (cpu) {
       // Gloo completes on its own threads: the callback records when, so callers can tell how much of the
@@ -96,6 +104,7 @@ class PendingWorkImpl final : public PendingWork {
   }
   void wait() override {
     impl_->wait(work_, what_, timeout_s_, timeout_);
+    if (!wire_.is_same(tensor_)) tensor_.copy_(wire_);
     if (done_->load() == 0) done_->store(Clock::now().time_since_epoch().count());
   }
   Clock::time_point completed_at() const override { return Clock::time_point(Clock::duration(done_->load())); }
@@ -103,7 +112,7 @@ class PendingWorkImpl final : public PendingWork {
  private:
   const ProcessGroup::Impl* impl_;
   c10::intrusive_ptr<c10d::Work> work_;
-  torch::Tensor tensor_;  // kept alive while the collective runs
+  torch::Tensor wire_, tensor_;  // kept alive while the collective runs
   std::string what_;
   double timeout_s_;
   std::chrono::milliseconds timeout_;
@@ -202,7 +211,7 @@ void ProcessGroup::broadcast(std::vector<torch::Tensor>& tensors, int64_t root, 
   for (size_t i = 0; i < tensors.size(); ++i) by_dtype[tensors[i].scalar_type()].push_back(i);
   for (const auto& [dtype, idx] : by_dtype) {
     std::vector<torch::Tensor> flat;
-    for (size_t i : idx) flat.push_back(tensors[i].detach().reshape({-1}).to(device_));
+    for (size_t i : idx) flat.push_back(tensors[i].detach().reshape({-1}).to(device_, impl_->wire_dtype(dtype)));
     std::vector<at::Tensor> buf{torch::cat(flat)};
     c10d::BroadcastOptions opts;
     opts.rootRank = static_cast<int64_t>(root);
@@ -225,7 +234,7 @@ void ProcessGroup::broadcast(std::vector<torch::Tensor>& tensors, int64_t root, 
 
 void ProcessGroup::all_reduce_sum(torch::Tensor& t, const std::string& what) {
   const auto original = t.device();
-  std::vector<at::Tensor> buf{t.to(device_).contiguous()};
+  std::vector<at::Tensor> buf{t.to(device_, impl_->wire_dtype(t.scalar_type())).contiguous()};
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = impl_->backend->allreduce(buf, c10d::AllreduceOptions());
@@ -233,11 +242,11 @@ void ProcessGroup::all_reduce_sum(torch::Tensor& t, const std::string& what) {
     impl_->fail(what, e, timeout_seconds());
   }
   impl_->wait(work, what, timeout_seconds(), timeout_);
-  if (!buf[0].is_same(t)) t.copy_(buf[0].to(original));
+  if (!buf[0].is_same(t)) t.copy_(buf[0].to(original, t.scalar_type()));
 }
 
 std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& t, const std::string& what) {
-  std::vector<at::Tensor> in{t.to(device_).contiguous()};
+  std::vector<at::Tensor> in{t.to(device_, impl_->wire_dtype(t.scalar_type())).contiguous()};
   std::vector<std::vector<at::Tensor>> out(1);
   for (int64_t r = 0; r < world_size_; ++r) out[0].push_back(torch::empty_like(in[0]));
   c10::intrusive_ptr<c10d::Work> work;
@@ -248,21 +257,21 @@ std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& t, cons
   }
   impl_->wait(work, what, timeout_seconds(), timeout_);
   std::vector<torch::Tensor> result;
-  for (auto& x : out[0]) result.push_back(x.cpu());
+  for (auto& x : out[0]) result.push_back(x.to(torch::kCPU, t.scalar_type()));
   return result;
 }
 
 std::unique_ptr<PendingWork> ProcessGroup::all_reduce_sum_async(torch::Tensor t, const std::string& what) {
   PI0_CHECK(t.device() == device_ && t.is_contiguous(), "all_reduce_sum_async: tensor must be contiguous on ",
             device_.str());
-  std::vector<at::Tensor> buf{t};
+  std::vector<at::Tensor> buf{t.to(impl_->wire_dtype(t.scalar_type()))};
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = impl_->backend->allreduce(buf, c10d::AllreduceOptions());
   } catch (const std::exception& e) {
     impl_->fail(what, e, timeout_seconds());
   }
-  return std::make_unique<PendingWorkImpl>(impl_.get(), std::move(work), std::move(t), what, timeout_seconds(),
+  return std::make_unique<PendingWorkImpl>(impl_.get(), std::move(work), buf[0], std::move(t), what, timeout_seconds(),
                                            timeout_, device_.is_cpu());
 }
 

@@ -1,6 +1,7 @@
 // A c10d process group for data-parallel training: rendezvous through a TCPStore (rank 0 hosts it, or torchrun's
 // agent does), Gloo for CPU tensors, NCCL for CUDA tensors (each rank on cuda:LOCAL_RANK). Every collective is
 // bounded by dist.timeout_s: a dead or hung peer makes it throw DistError instead of hanging the job.
+// Gloo has no bfloat16 reductions (LibTorch 1.13): bfloat16 tensors travel as float32 there.
 // The c10d headers stay in process_group.cpp so the trainer does not compile them.
 #pragma once
 #include <chrono>

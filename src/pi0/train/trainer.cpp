@@ -306,7 +306,9 @@ int64_t Trainer::run() {
     }
     if (step_ % ck.save_interval == 0 || step_ == t.num_steps || stop) save_checkpoint();
     if (stop) {
-      spdlog::warn("stop signal {} received: saved step {} and stopping (resume with --resume)", stop_signal(), step_);
+      const std::string why = stop_signal() ? "stop signal " + std::to_string(stop_signal()) + " received"
+                                            : std::string("another rank received a stop signal");
+      spdlog::warn("{}: saved step {} and stopping (resume with --resume)", why, step_);
       break;
     }
   }
