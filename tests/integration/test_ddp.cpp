@@ -185,16 +185,21 @@ TEST_CASE("ddp: two ranks with batch b match one rank with batch 2b", "[dist][in
     CHECK(std::abs(l1[i] - l2[i]) <= 1e-5 * std::abs(l1[i]));
   }
   // Weights after `steps` AdamW steps: max |Δ| / max |w| per tensor. Summation order differs (one batch of 2b vs
-  // two of b + all-reduce), so not bit-exact; Adam's normalization keeps the relative drift near float32 epsilon.
+  // two of b + all-reduce), so not bit-exact. Excluded: the attention key biases, whose exact gradient is zero
+  // (softmax ignores a shift shared by all keys of a query): their gradient is float rounding noise, which
+  // Adam's normalization turns into ±lr steps that differ between any two summation orders.
   const auto w1 = final_weights(dir.str("one")), w2 = final_weights(dir.str("two"));
   REQUIRE(w1.size() == w2.size());
   double worst = 0;
-  std::string worst_name;
+  std::string worst_name, over;
   for (const auto& [name, t] : w1) {
+    if (name.find("k_proj.bias") != std::string::npos) continue;
     const double e = pi0::testing::max_rel_error(w2.at(name), t);
+    if (e > 1e-4) over += name + " " + std::to_string(e) + "\n";
     if (e > worst) worst = e, worst_name = name;
   }
-  INFO("worst tensor " << worst_name << ": relative error " << worst);
+  INFO("worst tensor " << worst_name << ": relative error " << worst << "\nover 1e-4:\n" << over);
+  WARN("weights: worst relative error " << worst << " (" << worst_name << ")");
   CHECK(worst <= 1e-4);
 }
 
