@@ -78,10 +78,11 @@ namespace {
 // A tiny "model": w1 (checkpointed, used twice), w2, an unused parameter and a float64 parameter.
 struct Replica {
   std::vector<std::pair<std::string, torch::Tensor>> params;
-  Replica() {
-    torch::manual_seed(0);
-    params = {{"w1", torch::randn({16, 16})}, {"w2", torch::randn({16, 4})}, {"unused", torch::randn({3})},
-              {"d", torch::randn({4}, torch::kFloat64)}};
+  // The initial values are fixed tensors, not drawn here: the rank threads must not share the global generator.
+  explicit Replica(bool with_unused) {
+    params = {{"w1", torch::linspace(-1, 1, 256).view({16, 16})}, {"w2", torch::linspace(1, -0.5, 64).view({16, 4})}};
+    if (with_unused) params.emplace_back("unused", torch::ones({3}));
+    params.emplace_back("d", torch::linspace(0.5, 1, 4, torch::kFloat64));
     for (auto& [n, p] : params) p.requires_grad_(true);
   }
   torch::Tensor& get(const std::string& n) {
@@ -101,21 +102,24 @@ struct Replica {
 }  // namespace
 
 TEST_CASE("GradReducer averages gradients over two ranks", "[unit][dist]") {
+  // With the unused parameter, w1's bucket waits behind the incomplete [unused, w2] bucket (launched in wait());
+  // without it, every bucket is launched from the hooks during backward.
+  const bool with_unused = GENERATE(true, false);
   const int port = free_port();
-  auto inputs = [](int rank, int micro) {
-    torch::manual_seed(100 + rank * 10 + micro);
-    return torch::randn({5, 16});
-  };
+  torch::Tensor xs[2][2];  // [rank][micro], drawn here, before the rank threads start
+  for (int r = 0; r < 2; ++r)
+    for (int micro = 0; micro < 2; ++micro) xs[r][micro] = torch::randn({5, 16});
+  auto inputs = [&](int rank, int micro) { return xs[rank][micro]; };
   // Reference: each rank's accumulated local gradients (2 micro-steps), averaged over the two ranks.
   std::map<std::string, torch::Tensor> expected;
   for (int r = 0; r < 2; ++r) {
-    Replica m;
+    Replica m(with_unused);
     for (int micro = 0; micro < 2; ++micro) m.loss(inputs(r, micro)).backward();
     for (auto& [n, p] : m.params)
       if (p.grad().defined()) expected[n] = expected.count(n) ? expected[n] + p.grad() / 2 : p.grad() / 2;
   }
   std::map<std::string, torch::Tensor> got[2];
-  int64_t buckets = 0;
+  int64_t buckets = 0, rereductions = 0;
   std::string errors[2];
   auto rank_main = [&](int rank) {
     try {
@@ -124,7 +128,7 @@ TEST_CASE("GradReducer averages gradients over two ranks", "[unit][dist]") {
       env.world_size = 2;
       env.master_port = port;
       pi0::dist::ProcessGroup pg(env, torch::kCPU, std::chrono::seconds(30));
-      Replica m;
+      Replica m(with_unused);
       // Filled from the last parameter: [d] (float64), [unused, w2] (268 B), [w1] (1 KiB > 600 B). The second
       // bucket only completes in wait() (unused), so the third, ready early, waits for it: launches stay in order.
       pi0::dist::GradReducer reducer(pg, m.params, 600);
@@ -138,6 +142,7 @@ TEST_CASE("GradReducer averages gradients over two ranks", "[unit][dist]") {
         reducer.wait();
       }
       for (auto& [n, p] : m.params) got[rank][n] = p.grad();
+      if (rank == 0) rereductions = reducer.stats().rereductions;
       pi0::dist::check_same_on_all_ranks(pg, "config", "layout");
     } catch (const std::exception& e) {
       errors[rank] = e.what();
@@ -148,9 +153,13 @@ TEST_CASE("GradReducer averages gradients over two ranks", "[unit][dist]") {
   t1.join();
   REQUIRE(errors[0].empty());
   REQUIRE(errors[1].empty());
+  INFO("with_unused " << with_unused);
   CHECK(buckets == 3);
+  // TODO(ddp): the re-reduction path (a parameter accumulated again after its bucket left) is not triggered here
+  // (observed 0); find out whether the engine orders w1's two accumulations before w2's, and assert it then.
+  WARN("with_unused " << with_unused << ": " << rereductions << " re-reductions");
   for (int r = 0; r < 2; ++r) {
-    CHECK_FALSE(got[r]["unused"].defined());  // no rank used it: stays undefined, like without DDP
+    if (with_unused) CHECK_FALSE(got[r]["unused"].defined());  // no rank used it: stays undefined, as without DDP
     for (const auto& [n, e] : expected) {
       INFO("rank " << r << " " << n);
       REQUIRE(got[r][n].defined());
