@@ -1,6 +1,9 @@
 // pi0-train: fine-tune pi0 / pi0.5 from a YAML config.
 //   pi0-train --config run.yaml [--set section.key=value ...] [--resume] [--print-params [--json]]
-// Exit codes: 0 done (or stopped by SIGINT/SIGTERM after saving), 2 bad input, 3 training diverged, 1 internal.
+// Data parallel: launch one process per GPU (or CPU rank) with torchrun --no-python or SLURM srun; the rank, world
+// size and rendezvous come from the environment (see docs/distributed.md).
+// Exit codes: 0 done (or stopped by SIGINT/SIGTERM after saving), 2 bad input, 3 training diverged, 1 internal,
+// 4 distributed failure (a peer rank died or hung, rendezvous failed).
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -11,6 +14,8 @@
 #include "pi0/common/check.h"
 #include "pi0/common/logging.h"
 #include "pi0/config/config.h"
+#include "pi0/dist/dist_env.h"
+#include "pi0/dist/process_group.h"
 #include "pi0/train/freeze.h"
 #include "pi0/train/trainer.h"
 
@@ -53,11 +58,6 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::stoll(v) : fallback;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -78,13 +78,17 @@ int main(int argc, char** argv) {
     }
     pi0::train::RunOptions run;
     run.resume = args.resume;
-    run.rank = env_int("RANK", env_int("SLURM_PROCID", 0));
-    run.world_size = env_int("WORLD_SIZE", env_int("SLURM_NTASKS", 1));
-    if (run.world_size != 1) {
-      throw pi0::UserError("WORLD_SIZE=" + std::to_string(run.world_size) +
-                           ": multi-process data parallel training is not available in this build yet; run one process");
-    }
+    const auto env = pi0::dist::dist_env_from_environment();
+    run.rank = env.rank;
+    run.world_size = env.world_size;
     pi0::set_log_rank(static_cast<int>(run.rank));
+    if (env.distributed()) {
+      if (cfg.train.device == "cuda") cfg.train.device = "cuda:" + std::to_string(env.local_rank);  // one GPU per rank
+      spdlog::info("rank {} of {} (local rank {}, launcher {}), device {}, rendezvous {}:{}", env.rank,
+                   env.world_size, env.local_rank, env.launcher, cfg.train.device, env.master_addr, env.master_port);
+      run.process_group = std::make_shared<pi0::dist::ProcessGroup>(env, torch::Device(cfg.train.device),
+                                                                    std::chrono::seconds(cfg.dist.timeout_s));
+    }
     spdlog::info("resolved config ({}):\n{}", args.config, YAML::Dump(pi0::config::to_yaml(cfg)));
     pi0::train::Trainer trainer(cfg, run);
     trainer.run();
@@ -92,6 +96,9 @@ int main(int argc, char** argv) {
   } catch (const pi0::UserError& e) {
     std::cerr << "pi0-train: error: " << e.what() << "\n";
     return 2;
+  } catch (const pi0::dist::DistError& e) {
+    std::cerr << "pi0-train: distributed failure: " << e.what() << "\n";
+    return 4;
   } catch (const pi0::train::TrainingError& e) {
     std::cerr << "pi0-train: training stopped: " << e.what() << "\n";
     return 3;

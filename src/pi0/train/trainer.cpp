@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/dist/consistency.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/model/model_config.h"
@@ -75,7 +76,14 @@ ParamBreakdown planned_breakdown(const config::Config& cfg) {
 Trainer::Trainer(config::Config cfg, RunOptions options)
     : cfg_(std::move(cfg)),
       options_(options),
-      rng_(at::detail::createCPUGenerator(static_cast<uint64_t>(cfg_.train.seed + options.rank))) {
+      pg_(options.process_group),
+      rng_(at::detail::createCPUGenerator(static_cast<uint64_t>(cfg_.train.seed))) {
+  if (pg_) {
+    PI0_CHECK(pg_->rank() == options_.rank && pg_->world_size() == options_.world_size,
+              "RunOptions rank/world_size disagree with the process group");
+  } else if (options_.world_size != 1) {
+    throw UserError("world size " + std::to_string(options_.world_size) + " needs a process group");
+  }
   device_ = torch::Device(cfg_.train.device);
   if (device_.is_cuda() && !torch::cuda::is_available()) {
     throw UserError("train.device is '" + cfg_.train.device + "' but no CUDA device is usable (LibTorch built " +
@@ -128,6 +136,7 @@ void Trainer::build_model() {
   model_->to(device_);
   model_->set_gradient_checkpointing(cfg_.train.gradient_checkpointing);
   model_->train();
+  if (pg_) check_and_sync_replicas();
 
   NamedTensors trainable;
   size_t i = 0;
@@ -142,12 +151,31 @@ void Trainer::build_model() {
   ao.weight_decay = cfg_.train.weight_decay;
   optimizer_ = std::make_unique<AdamW>(trainable, ao);
   if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(trainable, cfg_.train.ema_decay);
+  if (pg_) {
+    reducer_ = std::make_unique<dist::GradReducer>(*pg_, trainable, cfg_.dist.bucket_size_mb << 20);
+    if (options_.rank == 0) spdlog::info("data parallel: {} ranks, {} gradient buckets of <= {} MB, backend {}",
+                                         options_.world_size, reducer_->num_buckets(), cfg_.dist.bucket_size_mb,
+                                         pg_->backend_name());
+  }
 
   if (options_.rank == 0) {
     const auto b = breakdown(model::parameter_layout(opts), trainable_, precision, ema_ != nullptr);
     spdlog::info("parameters (freeze preset '{}', precision {}):\n{}", cfg_.train.freeze, precision,
                  format_breakdown(b));
   }
+}
+
+// Data parallel start-up: every rank must run the same config and model, and starts from rank 0's weights (so a
+// random init or init_weights read on each node cannot diverge).
+void Trainer::check_and_sync_replicas() {
+  auto same_everywhere = cfg_;
+  same_everywhere.train.device = device_.is_cuda() ? "cuda" : device_.str();  // cuda:LOCAL_RANK differs per rank
+  dist::check_same_on_all_ranks(*pg_, YAML::Dump(config::to_yaml(same_everywhere)),
+                                dist::parameter_layout_text(model_->named_parameters()));
+  std::vector<torch::Tensor> state;
+  for (auto& p : model_->parameters()) state.push_back(p.data());
+  for (auto& b : model_->buffers()) state.push_back(b);
+  pg_->broadcast(state, 0, "broadcast of the initial weights from rank 0");
 }
 
 int64_t Trainer::run() {
@@ -185,27 +213,43 @@ int64_t Trainer::run() {
   const int64_t first_step = step_;
   double interval_loss = 0;
   int64_t interval_steps = 0;
+  dist::GradReducerStats interval_comm_start;  // reducer statistics at the start of the log interval
 
   while (step_ < t.num_steps) {
     const double lr = warmup_cosine_lr(step_, t.lr_warmup_steps, t.lr_peak, t.lr_decay_steps, t.lr_end);
     double loss_sum = 0;
     int64_t samples = 0;
     for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
+      if (reducer_) reducer_->enable_sync(micro + 1 == t.grad_accum_steps);  // all-reduce on the last only
       auto batch = data_.loader->next();
       const auto obs = batch.observation.to(device_);
       const auto actions = batch.actions.to(device_);
       const int64_t b = actions.size(0);
-      // Noise and time come from the trainer's own generator so a resumed run draws the same values.
-      auto noise = torch::randn(actions.sizes(), rng_, f32).to(device_);
-      auto time = (torch::rand({b}, rng_, f32).pow(1.0 / 1.5) * 0.999 + 0.001).to(device_);
+      // Noise and time come from the trainer's own generator so a resumed run draws the same values. Every rank
+      // draws them for the global micro-batch and keeps its own slice, like its slice of the data.
+      auto noise_shape = actions.sizes().vec();
+      noise_shape[0] = b * options_.world_size;
+      auto noise = torch::randn(noise_shape, rng_, f32).narrow(0, options_.rank * b, b).to(device_);
+      auto time = (torch::rand({b * options_.world_size}, rng_, f32).narrow(0, options_.rank * b, b).pow(1.0 / 1.5) *
+                       0.999 + 0.001).to(device_);
       auto loss = model_->compute_loss(obs, actions, noise, time).mean();
       (loss / static_cast<double>(t.grad_accum_steps)).backward();
       loss_sum += loss.item<double>();
       samples += b;
     }
+    if (reducer_) reducer_->wait();  // gradients are now the mean over ranks, identical everywhere
     const double loss_value = loss_sum / static_cast<double>(t.grad_accum_steps);
     const double grad_norm = clip_grad_norm(trainable_params, max_norm);
-    if (!std::isfinite(loss_value) || !std::isfinite(grad_norm)) {
+    // Decisions every rank must take alike: a non-finite loss on any rank, a stop signal on any rank.
+    bool loss_finite = std::isfinite(loss_value);
+    bool stop = stop_requested();
+    if (pg_) {
+      auto flags = torch::tensor({loss_finite ? 0.0 : 1.0, stop ? 1.0 : 0.0}, f32);
+      pg_->all_reduce_sum(flags, "step flags (non-finite loss, stop signal)");
+      loss_finite = flags[0].item<double>() == 0;
+      stop = flags[1].item<double>() > 0;
+    }
+    if (!loss_finite || !std::isfinite(grad_norm)) {
       if (nonfinite_skips_ < t.max_nonfinite_skips) {
         ++nonfinite_skips_;
         spdlog::warn("step {} on rank {}: non-finite loss ({}) or gradient norm ({}); update skipped ({} of {} "
@@ -215,7 +259,7 @@ int64_t Trainer::run() {
         ++step_;
         continue;
       }
-      throw TrainingError("non-finite " + std::string(std::isfinite(loss_value) ? "gradient norm" : "loss") +
+      throw TrainingError("non-finite " + std::string(loss_finite ? "gradient norm" : "loss") +
                           " at step " + std::to_string(step_ + 1) + " on rank " + std::to_string(options_.rank) +
                           " (loss " + std::to_string(loss_value) + ", grad norm " + std::to_string(grad_norm) +
                           "); stopped before the optimizer step. Look for near-constant dimensions in " +
@@ -229,27 +273,45 @@ int64_t Trainer::run() {
     ++interval_steps;
     (void)samples;
 
-    if (rank0 && (step_ % t.log_interval == 0 || step_ == t.num_steps)) {
+    if (step_ % t.log_interval == 0 || step_ == t.num_steps) {
+      double mean_loss = interval_loss / static_cast<double>(interval_steps);
+      if (pg_) {  // the logged loss is the mean over ranks
+        auto l = torch::tensor({mean_loss}, torch::kFloat64);
+        pg_->all_reduce_sum(l, "loss logging");
+        mean_loss = l.item<double>() / static_cast<double>(options_.world_size);
+      }
       const double elapsed = std::chrono::duration<double>(Clock::now() - interval_start).count();
       const double step_time = elapsed / static_cast<double>(interval_steps);
       const double samples_per_s = static_cast<double>(t.batch_size) / step_time;
       const double eta = step_time * static_cast<double>(t.num_steps - step_);
-      const double mean_loss = interval_loss / static_cast<double>(interval_steps);
-      spdlog::info("step {}/{} | loss {:.4f} | grad_norm {:.3f} | lr {:.2e} | {:.1f} samples/s | ETA {}", step_,
-                   t.num_steps, mean_loss, grad_norm, lr, samples_per_s, format_duration(eta));
-      metrics->write(step_, {{"loss", mean_loss},
-                             {"grad_norm", grad_norm},
-                             {"lr", lr},
-                             {"samples_per_s", samples_per_s},
-                             {"step_time_s", step_time}});
+      std::map<std::string, double> record = {{"loss", mean_loss},
+                                              {"grad_norm", grad_norm},
+                                              {"lr", lr},
+                                              {"samples_per_s", samples_per_s},
+                                              {"step_time_s", step_time}};
+      if (reducer_) {
+        // Per step: the gradient all-reduce span (first bucket launched → last done) and the part of it backward
+        // did not hide (time in wait()).
+        const auto& c = reducer_->stats();
+        const double n = static_cast<double>(std::max<int64_t>(c.steps - interval_comm_start.steps, 1));
+        record["comm_s"] = (c.comm_seconds - interval_comm_start.comm_seconds) / n;
+        record["comm_exposed_s"] = (c.wait_seconds - interval_comm_start.wait_seconds) / n;
+        interval_comm_start = c;
+      }
+      if (rank0) {
+        spdlog::info("step {}/{} | loss {:.4f} | grad_norm {:.3f} | lr {:.2e} | {:.1f} samples/s | ETA {}", step_,
+                     t.num_steps, mean_loss, grad_norm, lr, samples_per_s, format_duration(eta));
+        metrics->write(step_, record);
+      }
       interval_start = Clock::now();
       interval_loss = 0;
       interval_steps = 0;
     }
-    const bool stop = stop_requested();
     if (step_ % ck.save_interval == 0 || step_ == t.num_steps || stop) save_checkpoint();
     if (stop) {
-      spdlog::warn("stop signal {} received: saved step {} and stopping (resume with --resume)", stop_signal(), step_);
+      const std::string why = stop_signal() ? "stop signal " + std::to_string(stop_signal()) + " received"
+                                            : std::string("another rank received a stop signal");
+      spdlog::warn("{}: saved step {} and stopping (resume with --resume)", why, step_);
       break;
     }
   }
@@ -259,7 +321,23 @@ int64_t Trainer::run() {
 
 std::string Trainer::save_checkpoint() {
   const auto& ck = cfg_.checkpoint;
-  if (options_.rank != 0) return "";
+  // Per-rank state: the noise RNG and the loader position of every rank, gathered to rank 0 which writes them.
+  torch::Tensor rng_state;
+  {
+    std::lock_guard<std::mutex> lock(rng_.mutex());
+    rng_state = rng_.get_state();
+  }
+  const auto pos = data_.loader->position();
+  std::vector<torch::Tensor> rng_states{rng_state};
+  std::vector<torch::Tensor> positions{torch::tensor({pos.epoch, pos.batch_index}, torch::kInt64)};
+  if (pg_) {
+    rng_states = pg_->all_gather(rng_state, "checkpoint: gather of the RNG states");
+    positions = pg_->all_gather(positions[0], "checkpoint: gather of the loader positions");
+  }
+  if (options_.rank != 0) {
+    pg_->barrier("checkpoint of step " + std::to_string(step_) + " written by rank 0");
+    return "";
+  }
   const fs::path tmp = begin_checkpoint(ck.run_dir, step_);
   io::SaveOptions so;
   so.openpi_layout = false;  // exact parameter names, LoRA included: what resume needs
@@ -271,17 +349,18 @@ std::string Trainer::save_checkpoint() {
   for (const auto& item : model_->named_parameters())
     if (item.key().find(".lora_") != std::string::npos) lora.emplace_back(item.key(), item.value());
   if (!lora.empty()) io::save_safetensors((tmp / "lora.safetensors").string(), lora);
-  torch::Tensor rng_state;
-  {
-    std::lock_guard<std::mutex> lock(rng_.mutex());
-    rng_state = rng_.get_state();
+  std::vector<std::pair<std::string, torch::Tensor>> rngs;
+  nlohmann::json loaders = nlohmann::json::array();
+  for (size_t r = 0; r < rng_states.size(); ++r) {
+    rngs.emplace_back("rank" + std::to_string(r) + ".noise_time", rng_states[r]);
+    loaders.push_back({{"epoch", positions[r][0].item<int64_t>()}, {"batch_index", positions[r][1].item<int64_t>()}});
   }
-  io::save_safetensors((tmp / "rng.safetensors").string(), {{"rank0.noise_time", rng_state}});
-  const auto pos = data_.loader->position();
+  io::save_safetensors((tmp / "rng.safetensors").string(), rngs);
   nlohmann::json state = {{"step", step_},
                           {"world_size", options_.world_size},
                           {"nonfinite_skips", nonfinite_skips_},
-                          {"loader", {{"epoch", pos.epoch}, {"batch_index", pos.batch_index}}}};
+                          {"loader", loaders[0]},  // rank 0's, as single-process checkpoints have it
+                          {"rank_loaders", loaders}};
   write_file_atomic(tmp / "trainer_state.json", state.dump(2) + "\n");
   write_file_atomic(tmp / "config.yaml", YAML::Dump(config::to_yaml(cfg_)) + "\n");
   const auto assets = tmp / "assets" / ck.asset_id;
@@ -291,6 +370,7 @@ std::string Trainer::save_checkpoint() {
   const auto final_dir = commit_checkpoint(tmp.string(), ck.run_dir, step_);
   prune_checkpoints(ck.run_dir, ck.keep_last, ck.keep_period);
   spdlog::info("saved checkpoint {}", final_dir);
+  if (pg_) pg_->barrier("checkpoint of step " + std::to_string(step_) + " written by rank 0");
   return final_dir;
 }
 
@@ -327,8 +407,10 @@ void Trainer::restore(const std::string& dir) {
   step_ = state.at("step").get<int64_t>();
   nonfinite_skips_ = state.value("nonfinite_skips", int64_t{0});
   data::LoaderPosition pos;
-  pos.epoch = state.at("loader").at("epoch").get<int64_t>();
-  pos.batch_index = state.at("loader").at("batch_index").get<int64_t>();
+  const auto& loader = state.contains("rank_loaders") ? state.at("rank_loaders").at(static_cast<size_t>(options_.rank))
+                                                       : state.at("loader");
+  pos.epoch = loader.at("epoch").get<int64_t>();
+  pos.batch_index = loader.at("batch_index").get<int64_t>();
   data_.loader->seek(pos);
   spdlog::info("resumed from {} at step {} (loader epoch {}, batch {})", dir, step_, pos.epoch, pos.batch_index);
 }

@@ -10,6 +10,8 @@
 
 #include "pi0/config/config.h"
 #include "pi0/data/loader.h"
+#include "pi0/dist/grad_reducer.h"
+#include "pi0/dist/process_group.h"
 #include "pi0/model/pi0.h"
 #include "pi0/train/data_setup.h"
 #include "pi0/train/ema.h"
@@ -22,6 +24,9 @@ struct RunOptions {
   bool resume = false;  ///< continue from the newest complete checkpoint in checkpoint.run_dir
   int64_t rank = 0;
   int64_t world_size = 1;
+  /// Data parallel: set when world_size > 1 (rank and world_size must match it). Gradients are averaged over
+  /// ranks, rank 0 logs and writes checkpoints, every rank's RNG and loader position are checkpointed.
+  std::shared_ptr<dist::ProcessGroup> process_group;
 };
 
 /// Raised when training must stop (non-finite loss or gradient norm); names the step and rank.
@@ -48,11 +53,14 @@ class Trainer {
   const config::Config& config() const { return cfg_; }
   /// Writes a checkpoint of the current state (run() calls it at save_interval and at the end).
   std::string save_checkpoint();
+  /// Gradient all-reduce statistics (nullptr in single-process runs).
+  const dist::GradReducerStats* reducer_stats() const { return reducer_ ? &reducer_->stats() : nullptr; }
 
  private:
   void build_model();
   void restore(const std::string& checkpoint_dir);
   int64_t local_batch() const;
+  void check_and_sync_replicas();
 
   config::Config cfg_;
   RunOptions options_;
@@ -61,8 +69,12 @@ class Trainer {
   std::vector<bool> trainable_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;
+  std::shared_ptr<dist::ProcessGroup> pg_;      ///< null in single-process runs
+  std::unique_ptr<dist::GradReducer> reducer_;  ///< null in single-process runs
   DataPipeline data_;
-  at::Generator rng_;  ///< noise and flow-matching time; CPU, saved with checkpoints
+  /// Noise and flow-matching time; CPU, saved with checkpoints. Seeded alike on every rank: each rank draws the
+  /// values of the whole global batch and keeps its slice, so results do not depend on the world size.
+  at::Generator rng_;
   int64_t step_ = 0;
   int64_t nonfinite_skips_ = 0;
 };

@@ -1,0 +1,155 @@
+// Data-parallel step time on CPU: pi0-train on configs/debug.yaml with 1 rank and with N ranks (Gloo, processes
+// on 127.0.0.1, launched like torchrun), same global batch. Reports the median step time after warm-up and, for
+// N ranks, the gradient all-reduce span per step and how much of it backward hid (1 − time in wait() / span).
+// Usage (from the build dir): ./bench_ddp [--ranks 2] [--steps 12] [--warmup 3] [--batch-size 16] [--threads 1]
+//                             [--bucket-mb 25] [--freeze full]
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "pi0/train/metrics.h"
+
+extern char** environ;
+namespace fs = std::filesystem;
+
+namespace {
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+int run(const std::string& cmd) { return std::system(cmd.c_str()); }
+
+struct Result {
+  double step_s = 0, comm_s = 0, exposed_s = 0;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Result train(const std::string& bin, const std::string& src, const fs::path& work, int world, int steps, int warmup,
+             int batch, int threads, int bucket_mb, const std::string& freeze) {
+  const auto run_dir = work / ("run_w" + std::to_string(world));
+  fs::remove_all(run_dir);
+  std::vector<std::string> args = {
+      bin + "/pi0-train", "--config", src + "/configs/debug.yaml",
+      "--set", "data.dataset.paths=[" + (work / "data").string() + "/*.hdf5]",
+      "--set", "data.norm_stats=" + (work / "data" / "norm_stats.json").string(),
+      "--set", "data.tokenizer=" + src + "/data/tokenizer/tiny_spm.model",
+      "--set", "checkpoint.run_dir=" + run_dir.string(),
+      "--set", "checkpoint.save_interval=100000",
+      "--set", "train.num_steps=" + std::to_string(steps + warmup),
+      "--set", "train.batch_size=" + std::to_string(batch),
+      "--set", "train.freeze=" + freeze,
+      "--set", "train.log_interval=1",
+      "--set", "dist.bucket_size_mb=" + std::to_string(bucket_mb)};
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (world > 1) {
+        setenv("RANK", std::to_string(r).c_str(), 1);
+        setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+        setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      }
+      setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+      const auto log = (work / ("w" + std::to_string(world) + "_rank" + std::to_string(r) + ".log")).string();
+      if (FILE* f = std::fopen(log.c_str(), "w")) {
+        dup2(fileno(f), 1);
+        dup2(fileno(f), 2);
+      }
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execve(argv[0], argv.data(), environ);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t p : pids) {
+    int status = 0;
+    waitpid(p, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "bench_ddp: a rank of the %d-rank run failed; see %s/w%d_rank*.log\n", world,
+                   work.c_str(), world);
+      std::exit(1);
+    }
+  }
+  std::vector<double> step, comm, exposed;
+  for (const auto& m : pi0::train::read_metrics((run_dir / "metrics.jsonl").string())) {
+    if (m.at("step").get<int>() <= warmup) continue;
+    step.push_back(m.at("step_time_s").get<double>());
+    if (m.contains("comm_s")) {
+      comm.push_back(m.at("comm_s").get<double>());
+      exposed.push_back(m.at("comm_exposed_s").get<double>());
+    }
+  }
+  Result r;
+  r.step_s = median(step);
+  for (double c : comm) r.comm_s += c / static_cast<double>(comm.size());
+  for (double e : exposed) r.exposed_s += e / static_cast<double>(exposed.size());
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int ranks = 2, steps = 12, warmup = 3, batch = 16, threads = 1, bucket_mb = 25;
+  std::string freeze = "full";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--ranks") ranks = std::stoi(v);
+    else if (a == "--steps") steps = std::stoi(v);
+    else if (a == "--warmup") warmup = std::stoi(v);
+    else if (a == "--batch-size") batch = std::stoi(v);
+    else if (a == "--threads") threads = std::stoi(v);
+    else if (a == "--bucket-mb") bucket_mb = std::stoi(v);
+    else if (a == "--freeze") freeze = v;
+  }
+  const std::string bin = fs::canonical("/proc/self/exe").parent_path().string();
+  std::string src = PI0_BENCH_SOURCE_DIR;
+  const auto work = fs::temp_directory_path() / ("pi0_bench_ddp_" + std::to_string(getpid()));
+  fs::create_directories(work / "data");
+  if (run(bin + "/pi0-make-example-data --out " + (work / "data").string() + " --episodes 8 --steps 40 > /dev/null") ||
+      run(bin + "/pi0-norm-stats --config " + src + "/configs/debug.yaml --set 'data.dataset.paths=[" +
+          (work / "data").string() + "/*.hdf5]' --out " + (work / "data" / "norm_stats.json").string() +
+          " > /dev/null 2>&1")) {
+    std::fprintf(stderr, "bench_ddp: making the example data failed\n");
+    return 1;
+  }
+  std::printf("bench_ddp: configs/debug.yaml (float32, freeze %s), global batch %d, %d threads per rank, %d "
+              "measured steps after %d warm-up, bucket %d MB\n",
+              freeze.c_str(), batch, threads, steps, warmup, bucket_mb);
+  const auto one = train(bin, src, work, 1, steps, warmup, batch, threads, bucket_mb, freeze);
+  const auto many = train(bin, src, work, ranks, steps, warmup, batch, threads, bucket_mb, freeze);
+  std::printf("| ranks | step time (median) | speed-up | all-reduce span / step | exposed in wait() / step | hidden |\n"
+              "|---|---|---|---|---|---|\n");
+  std::printf("| 1 | %.1f ms | 1.00x | - | - | - |\n", one.step_s * 1e3);
+  std::printf("| %d | %.1f ms | %.2fx | %.1f ms | %.1f ms | %.0f %% |\n", ranks, many.step_s * 1e3,
+              one.step_s / many.step_s, many.comm_s * 1e3, many.exposed_s * 1e3,
+              many.comm_s > 0 ? 100.0 * std::max(0.0, 1.0 - many.exposed_s / many.comm_s) : 0.0);
+  fs::remove_all(work);
+  return 0;
+}
