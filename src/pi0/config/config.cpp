@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "pi0/common/check.h"
+#include "pi0/common/strings.h"
 
 namespace pi0::config {
 namespace {
@@ -203,26 +204,6 @@ void require(bool ok, const std::string& key, const T& value, const std::string&
 
 }  // namespace
 
-std::string did_you_mean(const std::string& key, const std::vector<std::string>& candidates) {
-  auto distance = [](const std::string& a, const std::string& b) {
-    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-    for (size_t i = 1; i <= a.size(); ++i) {
-      cur[0] = i;
-      for (size_t j = 1; j <= b.size(); ++j)
-        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      std::swap(prev, cur);
-    }
-    return prev[b.size()];
-  };
-  std::string best;
-  size_t best_d = std::max<size_t>(3, key.size() / 3) + 1;
-  for (const auto& c : candidates) {
-    const size_t d = distance(key, c);
-    if (d < best_d) best_d = d, best = c;
-  }
-  return best;
-}
 
 Config parse_config(const YAML::Node& input, const std::string& source, const std::vector<std::string>& overrides) {
   YAML::Node root = input && !input.IsNull() ? YAML::Clone(input) : YAML::Node(YAML::NodeType::Map);

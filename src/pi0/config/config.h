@@ -189,7 +189,5 @@ YAML::Node to_yaml(const Config& config);
 /// Every key as (dotted key, default value as text, doc) in declaration order, for the reference docs.
 std::vector<std::array<std::string, 3>> config_reference();
 
-/// Closest candidate by edit distance, or "" if none is close enough.
-std::string did_you_mean(const std::string& key, const std::vector<std::string>& candidates);
 
 }  // namespace pi0::config

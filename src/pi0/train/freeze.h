@@ -78,9 +78,7 @@ nlohmann::json breakdown_json(const ParamBreakdown& b);
 
 /// "3238048528" → "3,238,048,528".
 std::string with_thousands(int64_t n);
-/// Levenshtein distance (used for did-you-mean suggestions).
-size_t edit_distance(const std::string& a, const std::string& b);
-/// The candidate closest to `value`, or "" if none is plausibly a typo of it.
-std::string did_you_mean(const std::string& value, const std::vector<std::string>& candidates);
+
+
 
 }  // namespace pi0::train

@@ -5,8 +5,10 @@
 #include <map>
 
 #include "pi0/common/check.h"
+#include "pi0/common/strings.h"
 #include "pi0/model/param_layout.h"
 #include "pi0/model/pi0.h"
+#include "pi0/common/strings.h"
 #include "pi0/train/freeze.h"
 
 using namespace pi0;
@@ -159,7 +161,7 @@ TEST_CASE("freeze preset errors", "[unit][train]") {
   CHECK_THROWS_WITH(trainable_mask(names, "vision"), Contains("(did you mean '+vision'?)"));
   CHECK_THROWS_WITH(trainable_mask(names, "zzzzzzzzzzzzzzzzzzzz"), !Contains("did you mean"));
   CHECK_THROWS_WITH(trainable_mask(names, "lora"), Contains("freeze preset 'lora' needs LoRA factors"));
-  CHECK(edit_distance("kitten", "sitting") == 3);
+  CHECK(pi0::edit_distance("kitten", "sitting") == 3);
   CHECK(with_thousands(3353433872LL) == "3,353,433,872");
   CHECK(with_thousands(999) == "999");
   CHECK(with_thousands(1000) == "1,000");
