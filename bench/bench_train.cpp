@@ -2,7 +2,9 @@
 // precision ∈ {float32, bf16-mixed} × gradient checkpointing ∈ {off, on} (and optionally several batch sizes).
 //   bench_train [--config configs/bench_cpu.yaml] [--steps N] [--warmup W] [--batches 4,8]
 //               [--precisions float32,bf16-mixed] [--workers 2] [--no-augment] [--threads T]
-//               [--json out.json] [--dir DIR] [--tokenizer PATH]
+//               [--json out.json] [--dir DIR] [--tokenizer PATH] [--device cuda] [--peak-tflops 989]
+// GPU mode (--device cuda): the same rows on the GPU; peak memory is then the CUDA caching allocator's peak
+// allocation, and --peak-tflops (the device's dense bf16 peak, 989 for an H100 SXM) adds model FLOPs utilization.
 // The parent writes a LIBERO-layout example dataset with 224×224 frames (2 cameras) and its norm stats into DIR,
 // then runs every configuration in a fresh child process (fork + exec of this binary with --child), so one
 // configuration's allocator state and peak RSS never leak into the next. The child builds a Trainer from the config
@@ -29,6 +31,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
+#ifdef PI0_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include "pi0/common/check.h"
 #include "pi0/config/config.h"
@@ -36,6 +41,7 @@
 #include "pi0/data/example_data.h"
 #include "pi0/data/norm_stats.h"
 #include "pi0/data/tokenizer.h"
+#include "pi0/model/flops.h"
 #include "pi0/model/model_config.h"
 #include "pi0/train/data_setup.h"
 #include "pi0/train/metrics.h"
@@ -58,6 +64,8 @@ struct Args {
   std::string json;
   std::string dir = (fs::temp_directory_path() / "pi0_bench_train").string();
   std::string tokenizer;
+  std::string device = "cpu";
+  double peak_tflops = 0;  ///< > 0: report MFU against this peak
   // child mode
   bool child = false;
   std::string precision = "float32";
@@ -96,6 +104,8 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--dir") a.dir = value(i);
     else if (k == "--tokenizer") a.tokenizer = value(i);
     else if (k == "--child") a.child = true;
+    else if (k == "--device") a.device = value(i);
+    else if (k == "--peak-tflops") a.peak_tflops = std::stod(value(i));
     else if (k == "--precision") a.precision = value(i);
     else if (k == "--checkpointing") a.checkpointing = value(i) == "1";
     else if (k == "--batch") a.batch = std::stoll(value(i));
@@ -134,6 +144,8 @@ config::Config bench_config(const Args& a, int64_t batch) {
   cfg.model.vocab_size = std::max(cfg.model.vocab_size, vocab);
   if (batch > 0) cfg.train.batch_size = batch;
   cfg.train.precision = a.precision;
+  cfg.train.device = a.device;
+  cfg.checkpoint.init_weights = "";  // throughput does not depend on the weights' values
   cfg.train.gradient_checkpointing = a.checkpointing;
   cfg.train.num_steps = a.warmup + a.steps;
   cfg.train.log_interval = 1;
@@ -172,7 +184,15 @@ int run_child(const Args& a) {
     base_mib = proc_status_mib("VmRSS");
     trainer.run();
   }
-  const double peak_mib = proc_status_mib("VmHWM");
+  double peak_mib = proc_status_mib("VmHWM");
+#ifdef PI0_WITH_CUDA
+  if (torch::Device(a.device).is_cuda()) {
+    const auto idx = torch::Device(a.device).has_index() ? torch::Device(a.device).index() : 0;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(idx);
+    peak_mib = static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024.0);  // [0] = aggregate
+    base_mib = 0;
+  }
+#endif
   std::vector<double> step_s;
   for (const auto& r : train::read_metrics((run_dir / "metrics.jsonl").string())) {
     if (r.at("step").get<int64_t>() > a.warmup) step_s.push_back(r.at("step_time_s").get<double>());
@@ -205,7 +225,7 @@ nlohmann::json spawn_child(const Args& a, const std::string& precision, bool che
                                    "--warmup", std::to_string(a.warmup), "--workers", std::to_string(a.workers),
                                    "--threads", std::to_string(a.threads), "--dir", a.dir, "--tokenizer", a.tokenizer,
                                    "--precision", precision, "--checkpointing", checkpointing ? "1" : "0",
-                                   "--batch", std::to_string(batch), "--out", out};
+                                   "--batch", std::to_string(batch), "--out", out, "--device", a.device};
   if (!a.augment) args.push_back("--no-augment");
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
@@ -266,18 +286,24 @@ int run_parent(Args a) {
   std::printf("each row: a fresh process, %d warm-up + %d timed steps (fwd+bwd+clip+AdamW+EMA), median and best step\n"
               "threads: at::get_num_threads()=%d in the parent\n\n",
               a.warmup, a.steps, at::get_num_threads());
+  const bool gpu = torch::Device(a.device).is_cuda();
   std::printf("| precision | grad ckpt | batch | step s (median) | step s (best) | samples/s (median) | samples/s (best) "
-              "| peak RSS MiB | base MiB | train MiB |\n|---|---|---|---|---|---|---|---|---|---|\n");
+              "| %s | base MiB | train MiB | MFU |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+              gpu ? "peak GPU alloc MiB" : "peak RSS MiB");
   nlohmann::json rows = nlohmann::json::array();
   for (const int64_t batch : a.batches) {
     for (const auto& precision : a.precisions) {
       for (const bool ckpt : {false, true}) {
         auto r = spawn_child(a, precision, ckpt, batch);
-        std::printf("| %s | %s | %lld | %.3f | %.3f | %.2f | %.2f | %.0f | %.0f | %.0f |\n", precision.c_str(),
+        // Model FLOPs (recomputation not counted) per second over the device's peak.
+        const double step_flops = static_cast<double>(model::training_step_flops(mopts, batch, 3));
+        r["mfu"] = a.peak_tflops > 0 ? step_flops / r["step_s_median"].get<double>() / (a.peak_tflops * 1e12) : 0.0;
+        std::printf("| %s | %s | %lld | %.3f | %.3f | %.2f | %.2f | %.0f | %.0f | %.0f | %s |\n", precision.c_str(),
                     ckpt ? "on" : "off", static_cast<long long>(batch), r["step_s_median"].get<double>(),
                     r["step_s_best"].get<double>(), r["samples_per_s_median"].get<double>(),
                     r["samples_per_s_best"].get<double>(), r["rss_peak_mib"].get<double>(),
-                    r["rss_base_mib"].get<double>(), r["rss_train_mib"].get<double>());
+                    r["rss_base_mib"].get<double>(), r["rss_train_mib"].get<double>(),
+                    a.peak_tflops > 0 ? (fmt("%.1f", 100 * r["mfu"].get<double>()) + " %").c_str() : "-");
         std::fflush(stdout);
         rows.push_back(r);
       }
