@@ -97,13 +97,6 @@ std::string shape_str(at::IntArrayRef s) {
   return os.str();
 }
 
-std::map<std::string, torch::Tensor> read_all(const std::string& path) {
-  pi0::io::SafetensorsFile f(path);
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& n : f.names()) out[n] = f.get_copy(n);
-  return out;
-}
-
 // `what` in `tensors` as float32 of exactly `shape`; UserError naming the file and key otherwise.
 torch::Tensor float_of_shape(const std::map<std::string, torch::Tensor>& tensors, const std::string& key,
                              const std::string& source, const std::vector<int64_t>& shape, const std::string& legend) {
@@ -124,7 +117,7 @@ int main(int argc, char** argv) {
   try {
     const Args args = parse_args(argc, argv);
     const torch::Device device = parse_device(args.device);
-    const auto obs_tensors = read_all(args.obs);  // read first: input errors before the (slow) model load
+    const auto obs_tensors = pi0::io::read_safetensors(args.obs);  // read first: input errors before the (slow) model load
     pi0::io::Bundle bundle = pi0::io::load_bundle(args.bundle, device);
     std::unique_ptr<pi0::data::Tokenizer> tokenizer;
     if (args.prompt) tokenizer = std::make_unique<pi0::data::Tokenizer>(bundle.tokenizer_path);
@@ -150,7 +143,7 @@ int main(int argc, char** argv) {
 
     std::optional<torch::Tensor> noise;
     if (!args.noise.empty()) {
-      const auto nt = read_all(args.noise);
+      const auto nt = pi0::io::read_safetensors(args.noise);
       if (nt.count("noise")) noise = float_of_shape(nt, "noise", args.noise, bha, bha_legend);
       else if (nt.size() == 1) noise = float_of_shape(nt, nt.begin()->first, args.noise, bha, bha_legend);
       else throw pi0::UserError(args.noise + ": no tensor 'noise', expected the initial noise " + bha_legend);

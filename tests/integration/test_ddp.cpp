@@ -160,10 +160,7 @@ std::vector<double> losses(const std::string& run_dir) {
 std::map<std::string, torch::Tensor> final_weights(const std::string& run_dir) {
   const auto newest = pi0::train::newest_complete_checkpoint(run_dir);
   REQUIRE(newest.has_value());
-  pi0::io::SafetensorsFile f((fs::path(newest->second) / "model.safetensors").string());
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& n : f.names()) out[n] = f.get_copy(n);
-  return out;
+  return pi0::io::read_safetensors((fs::path(newest->second) / "model.safetensors").string());
 }
 
 }  // namespace

@@ -77,13 +77,6 @@ bool equal_maps(const std::map<std::string, torch::Tensor>& a, const std::map<st
   return true;
 }
 
-std::map<std::string, torch::Tensor> read_file(const std::string& path) {
-  io::SafetensorsFile f(path);
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& n : f.names()) out[n] = f.get_copy(n);
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("resume continues bit-identically (losses, weights, EMA, optimizer)", "[integration][train]") {
@@ -107,8 +100,8 @@ TEST_CASE("resume continues bit-identically (losses, weights, EMA, optimizer)", 
   CHECK(a == b);  // exact
   CHECK(equal_maps(straight_w, weights(t)));
   const auto ck_a = run.dir.str("straight") + "/checkpoints/6/", ck_b = run.dir.str("resumed") + "/checkpoints/6/";
-  CHECK(equal_maps(read_file(ck_a + "ema.safetensors"), read_file(ck_b + "ema.safetensors")));
-  CHECK(equal_maps(read_file(ck_a + "optimizer.safetensors"), read_file(ck_b + "optimizer.safetensors")));
+  CHECK(equal_maps(io::read_safetensors(ck_a + "ema.safetensors"), io::read_safetensors(ck_b + "ema.safetensors")));
+  CHECK(equal_maps(io::read_safetensors(ck_a + "optimizer.safetensors"), io::read_safetensors(ck_b + "optimizer.safetensors")));
   CHECK(a.front() != a.back());  // training did something
 }
 

@@ -501,4 +501,11 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   if (dir_fd.fd >= 0) ::fsync(dir_fd.fd);
 }
 
+std::map<std::string, torch::Tensor> read_safetensors(const std::string& path) {
+  SafetensorsFile file(path);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& name : file.names()) out[name] = file.get_copy(name);
+  return out;
+}
+
 }  // namespace pi0::io

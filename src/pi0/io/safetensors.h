@@ -115,4 +115,8 @@ class SafetensorsFile {
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+/// Every tensor of `path` as an owned, writable CPU copy, by name (small files: optimizer/EMA state,
+/// observations). Throws pi0::UserError like SafetensorsFile.
+std::map<std::string, torch::Tensor> read_safetensors(const std::string& path);
+
 }  // namespace pi0::io

@@ -219,7 +219,6 @@ Pi0Impl::Embedded Pi0Impl::embed_suffix(const torch::Tensor& state, const torch:
   auto time_emb = nn::posemb_sincos(time.to(nn::upcast(x_t).scalar_type()), we);  // [B,We]
   auto bool_opts = torch::TensorOptions().dtype(torch::kBool).device(x_t.device());
   Embedded out;
-  std::vector<bool> ar;
   if (options_.pi05) {
     out.cond = torch::silu(time_mlp_out->forward(torch::silu(time_mlp_in->forward(time_emb))));
     out.embs = action_tokens;
@@ -228,16 +227,13 @@ Pi0Impl::Embedded Pi0Impl::embed_suffix(const torch::Tensor& state, const torch:
     auto mixed = torch::cat({action_tokens, time_emb.unsqueeze(1).expand({b, h, we})}, -1);
     auto action_time = action_time_mlp_out->forward(torch::silu(action_time_mlp_in->forward(mixed)));
     out.embs = torch::cat({state_token, action_time}, 1);
-    ar.push_back(true);
   }
-  ar.push_back(true);
-  for (int64_t i = 1; i < h; ++i) ar.push_back(false);
   const int64_t ts = out.embs.size(1);
   out.embs = out.embs.to(compute_dtype_);
   out.pad_mask = torch::ones({b, ts}, bool_opts);
-  auto ar_t = torch::zeros({ts}, torch::kBool);
-  for (int64_t i = 0; i < ts; ++i) ar_t[i] = bool(ar[i]);
-  out.ar_mask = ar_t.to(x_t.device());
+  // ar: pi0 [state T, action0 T, rest F]; pi0.5 [action0 T, rest F] — each true starts a new causal block.
+  out.ar_mask = torch::zeros({ts}, bool_opts);
+  out.ar_mask.narrow(0, 0, ts - h + 1).fill_(true);
   return out;
 }
 
@@ -312,6 +308,8 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
     timing->prefix_ms = elapsed_ms(clock, device);
     clock = std::chrono::steady_clock::now();
   }
+  // Suffix positions continue after the prefix's valid tokens; the offset is fixed for all steps.
+  const auto prefix_len = prefix.pad_mask.to(torch::kLong).sum(1, /*keepdim=*/true);
   // Time advances in float32 like the reference's `t + dt` loop.
   const float dt = -1.0f / static_cast<float>(num_steps);
   float t = 1.0f;
@@ -324,8 +322,7 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
       auto mask = torch::cat({prefix.pad_mask.unsqueeze(1).expand({b, ts, tp}),
                               nn::make_attn_mask(suffix.pad_mask, suffix.ar_mask)},
                              2);
-      auto positions = prefix.pad_mask.to(torch::kLong).sum(1, /*keepdim=*/true) +
-                       suffix.pad_mask.to(torch::kLong).cumsum(1) - 1;
+      auto positions = prefix_len + suffix.pad_mask.to(torch::kLong).cumsum(1) - 1;
       auto out = pwe.forward(torch::Tensor(), suffix.embs, mask, positions, suffix.cond, &cache, nullptr, false);
       v = action_out_proj->forward(nn::upcast(out.suffix.narrow(1, ts - h, h)));
     } else {

@@ -34,9 +34,8 @@ std::vector<std::pair<std::string, torch::Tensor>> to_vector(const std::map<std:
 }
 
 std::map<std::string, torch::Tensor> read_all(const std::string& path, const torch::Device& device) {
-  io::SafetensorsFile f(path);
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& n : f.names()) out[n] = f.get_copy(n).to(device);
+  auto out = io::read_safetensors(path);
+  for (auto& [name, t] : out) t = t.to(device);
   return out;
 }
 
@@ -218,7 +217,6 @@ int64_t Trainer::run() {
   while (step_ < t.num_steps) {
     const double lr = warmup_cosine_lr(step_, t.lr_warmup_steps, t.lr_peak, t.lr_decay_steps, t.lr_end);
     double loss_sum = 0;
-    int64_t samples = 0;
     for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
       if (reducer_) reducer_->enable_sync(micro + 1 == t.grad_accum_steps);  // all-reduce on the last only
       auto batch = data_.loader->next();
@@ -235,7 +233,6 @@ int64_t Trainer::run() {
       auto loss = model_->compute_loss(obs, actions, noise, time).mean();
       (loss / static_cast<double>(t.grad_accum_steps)).backward();
       loss_sum += loss.item<double>();
-      samples += b;
     }
     if (reducer_) reducer_->wait();  // gradients are now the mean over ranks, identical everywhere
     const double loss_value = loss_sum / static_cast<double>(t.grad_accum_steps);
@@ -271,7 +268,6 @@ int64_t Trainer::run() {
     ++step_;
     interval_loss += loss_value;
     ++interval_steps;
-    (void)samples;
 
     if (step_ % t.log_interval == 0 || step_ == t.num_steps) {
       double mean_loss = interval_loss / static_cast<double>(interval_steps);
