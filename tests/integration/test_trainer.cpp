@@ -23,40 +23,14 @@
 #include "pi0/train/metrics.h"
 #include "pi0/train/trainer.h"
 #include "support/test_support.h"
+#include "support/tiny_run.h"
 
 using namespace pi0;
 using Catch::Contains;
+using pi0::testing::TinyRun;
 namespace fs = std::filesystem;
 
 namespace {
-
-// Example data + norm stats in a temp dir, and the debug config pointed at them.
-struct TinyRun {
-  testing::TempDir dir{"pi0train"};
-  std::string data_glob, norm_stats;
-
-  TinyRun() {
-    data::ExampleDataOptions eo;
-    eo.episodes = 6;
-    eo.steps = 30;
-    data::write_example_libero(dir.str("data"), eo);
-    data_glob = dir.str("data") + "/*.hdf5";
-    data::DatasetOptions d;
-    d.paths = {data_glob};
-    d.action_horizon = 8;
-    norm_stats = dir.str("norm_stats.json");
-    data::save_norm_stats(data::compute_norm_stats(data::RobotDataset(d)), norm_stats);
-  }
-
-  config::Config config(const std::string& run, std::vector<std::string> extra = {}) const {
-    std::vector<std::string> o = {"data.dataset.paths=[" + data_glob + "]", "data.norm_stats=" + norm_stats,
-                                  "data.tokenizer=" + std::string(PI0_SOURCE_DIR) + "/data/tokenizer/tiny_spm.model",
-                                  "checkpoint.run_dir=" + dir.str(run), "train.log_interval=1",
-                                  "train.batch_size=8", "data.num_workers=1"};
-    o.insert(o.end(), extra.begin(), extra.end());
-    return config::load_config(std::string(PI0_SOURCE_DIR) + "/configs/debug.yaml", o);
-  }
-};
 
 std::vector<double> losses(const std::string& run_dir) {
   std::vector<double> out;

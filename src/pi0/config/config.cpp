@@ -237,6 +237,8 @@ void validate(const Config& c) {
   require(m.action_horizon > 0, "model.action_horizon", m.action_horizon, "> 0");
   require(m.max_token_len >= 0, "model.max_token_len", m.max_token_len, ">= 0 (0 = model default)");
   const auto& d = c.data.dataset;
+  require(c.model.attention == "auto" || c.model.attention == "explicit" || c.model.attention == "sdpa",
+          "model.attention", "'" + c.model.attention + "'", "auto, explicit or sdpa");
   require(d.format == "libero" || d.format == "aloha", "data.dataset.format", "'" + d.format + "'", "libero or aloha");
   require(c.data.num_workers >= 0, "data.num_workers", c.data.num_workers, ">= 0");
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, ">= 1");

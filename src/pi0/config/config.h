@@ -23,6 +23,7 @@ struct ModelConfig {
   int64_t action_dim = 32;
   int64_t action_horizon = 50;
   int64_t max_token_len = 0;  // 0 → 48 (pi0) or 200 (pi05)
+  std::string attention = "auto";
 
   template <class V>
   void visit(V& v) {
@@ -35,6 +36,7 @@ struct ModelConfig {
     v("action_dim", action_dim, "state and actions are zero-padded to this many dims (32)");
     v("action_horizon", action_horizon, "actions per chunk H (50)");
     v("max_token_len", max_token_len, "prompt tokens incl. padding; 0 = 48 for pi0, 200 for pi05");
+    v("attention", attention, "joint attention: auto (SDPA on CUDA with LibTorch >= 2.1, else explicit), explicit (reference arithmetic) or sdpa");
   }
 };
 
@@ -88,6 +90,7 @@ struct TrainConfig {
   std::string device = "cpu";
   std::string precision = "bf16-mixed";
   bool gradient_checkpointing = false;
+  bool weight_cast_cache = true;
   std::string freeze = "full";
   std::vector<std::string> trainable_include, trainable_exclude;
   int64_t lr_warmup_steps = 1000;
@@ -110,6 +113,7 @@ struct TrainConfig {
     v("device", device, "cpu, cuda or cuda:N (under torchrun the local rank picks the GPU)");
     v("precision", precision, "float32 | bf16-mixed (f32 master weights, bf16 matmuls) | bf16 (all bf16)");
     v("gradient_checkpointing", gradient_checkpointing, "recompute each transformer layer in backward to save memory");
+    v("weight_cast_cache", weight_cast_cache, "bf16-mixed: cast float32 weights to bf16 once per step and reuse the copy in recomputation (costs 2 bytes per trainable weight during forward/backward)");
     v("freeze", freeze, "trainable preset: full, projection-only, +vision, +language, action-expert-only, freeze-vision, lora, lora-only");
     v("trainable_include", trainable_include, "regexes (full match on parameter names) made trainable on top of the preset");
     v("trainable_exclude", trainable_exclude, "regexes (full match on parameter names) frozen on top of the preset");

@@ -86,6 +86,21 @@ std::vector<int64_t> DataLoader::batch_indices(LoaderPosition pos) const {
   return out;
 }
 
+namespace {
+// The batch in page-locked memory (done in the worker threads, off the trainer's critical path).
+model::Batch pinned(const model::Batch& b) {
+  model::Batch out;
+  auto pin = [](const torch::Tensor& t) { return t.is_pinned() ? t : t.pin_memory(); };
+  for (const auto& t : b.observation.images) out.observation.images.push_back(pin(t));
+  for (const auto& t : b.observation.image_masks) out.observation.image_masks.push_back(pin(t));
+  out.observation.state = pin(b.observation.state);
+  out.observation.tokenized_prompt = pin(b.observation.tokenized_prompt);
+  out.observation.tokenized_prompt_mask = pin(b.observation.tokenized_prompt_mask);
+  out.actions = pin(b.actions);
+  return out;
+}
+}  // namespace
+
 model::Batch DataLoader::build(int64_t g) const {
   const LoaderPosition pos = to_position(g);
   std::vector<ProcessedSample> samples;
@@ -94,7 +109,9 @@ model::Batch DataLoader::build(int64_t g) const {
     if (options_.augment) seed = sample_seed(options_.seed, pos.epoch, idx);
     samples.push_back((*transform_)(dataset_->get(idx), seed));
   }
-  return collate(samples);
+  auto batch = collate(samples);
+  if (options_.pin_memory) batch = pinned(batch);
+  return batch;
 }
 
 void DataLoader::start_workers() {

@@ -32,6 +32,9 @@ struct LoaderOptions {
   bool drop_last = true;     ///< false: the last batch of an epoch wraps around to the epoch's first samples
   bool shuffle = true;
   bool augment = false;      ///< training augmentation (§7.4)
+  /// Build batches in page-locked (pinned) host memory, so the trainer's host→GPU copies run asynchronously
+  /// (non_blocking) while the GPU computes. Only with a CUDA LibTorch and a usable GPU.
+  bool pin_memory = false;
 };
 
 /// Where the loader is: the next batch next() returns. Save it with a checkpoint, pass it back to resume.

@@ -71,7 +71,7 @@ GemmaDecoderLayerImpl::GemmaDecoderLayerImpl(const GemmaOptions& o) {
 
 GemmaModelImpl::GemmaModelImpl(GemmaOptions o) : options(o) {
   if (o.vocab_size > 0) {
-    embed_tokens = register_module("embed_tokens", torch::nn::Embedding(o.vocab_size, o.width));
+    embed_tokens = register_module("embed_tokens", nn::Embedding(o.vocab_size, o.width));
   }
   layers_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.depth; ++i) {

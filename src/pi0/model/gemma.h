@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "pi0/nn/dense.h"
+#include "pi0/nn/embedding.h"
 #include "pi0/nn/rms_norm.h"
 
 namespace pi0::model {
@@ -67,7 +68,7 @@ class GemmaModelImpl : public torch::nn::Module {
   torch::Tensor embed(const torch::Tensor& tokens);
 
   GemmaOptions options;
-  torch::nn::Embedding embed_tokens{nullptr};
+  nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers_list{nullptr};
   std::vector<GemmaDecoderLayer> layers;
   nn::RMSNorm norm{nullptr};

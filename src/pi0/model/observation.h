@@ -21,14 +21,16 @@ struct Observation {
   torch::Tensor tokenized_prompt_mask;     ///< [B,L] bool, true for real tokens
 
   int64_t batch_size() const { return state.size(0); }
-  /// Moves every tensor to `device`.
-  Observation to(const torch::Device& device) const {
+  /// Moves every tensor to `device`. non_blocking: asynchronous copies from pinned host memory (the caller
+  /// keeps the source alive until the stream has consumed them; a later kernel on the stream orders after them).
+  Observation to(const torch::Device& device, bool non_blocking = false) const {
     Observation o;
-    for (const auto& t : images) o.images.push_back(t.to(device));
-    for (const auto& t : image_masks) o.image_masks.push_back(t.to(device));
-    o.state = state.to(device);
-    o.tokenized_prompt = tokenized_prompt.to(device);
-    o.tokenized_prompt_mask = tokenized_prompt_mask.to(device);
+    auto move = [&](const torch::Tensor& t) { return t.to(device, /*non_blocking=*/non_blocking); };
+    for (const auto& t : images) o.images.push_back(move(t));
+    for (const auto& t : image_masks) o.image_masks.push_back(move(t));
+    o.state = move(state);
+    o.tokenized_prompt = move(tokenized_prompt);
+    o.tokenized_prompt_mask = move(tokenized_prompt_mask);
     return o;
   }
 };

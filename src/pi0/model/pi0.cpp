@@ -1,7 +1,25 @@
 #include "pi0/model/pi0.h"
 
+#include <torch/version.h>
+
 #include <chrono>
 #include <cmath>
+#include <map>
+#include <tuple>
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+#define PI0_HAVE_SDPA 1
+#else
+#define PI0_HAVE_SDPA 0
+#endif
+#if defined(PI0_WITH_CUDA) && TORCH_VERSION_MAJOR >= 2
+#define PI0_HAVE_CUDA_GRAPH 1
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#else
+#define PI0_HAVE_CUDA_GRAPH 0
+#endif
 
 #include "pi0/common/check.h"
 #include "pi0/nn/attention_mask.h"
@@ -40,13 +58,72 @@ std::shared_ptr<torch::nn::Module> holder(torch::nn::Module& parent, const std::
 // ------------------------------------------------------------------------------------------------------------
 // Joint attention and the two-expert stack.
 
+bool sdpa_available() {
+#if PI0_HAVE_SDPA
+  return true;
+#else
+  return false;
+#endif
+}
+
+AttentionImpl parse_attention_impl(const std::string& name, const std::string& key) {
+  if (name == "auto") return AttentionImpl::kAuto;
+  if (name == "explicit") return AttentionImpl::kExplicit;
+  if (name == "sdpa") {
+    if (!sdpa_available())
+      throw UserError(key + " is 'sdpa' but this LibTorch (" TORCH_VERSION ") has no scaled_dot_product_attention "
+                      "with a scale argument (needs >= 2.1); use 'auto' or 'explicit'");
+    return AttentionImpl::kSdpa;
+  }
+  throw UserError(key + " must be auto, explicit or sdpa (got '" + name + "')");
+}
+
+torch::Tensor attention_bias(const torch::Tensor& mask, torch::ScalarType dtype) {
+  PI0_CHECK(mask.dim() == 3 && mask.scalar_type() == torch::kBool, "attention_bias takes a [B,T,S] bool mask");
+  return torch::zeros(mask.sizes(), mask.options().dtype(dtype))
+      .masked_fill_(mask.logical_not(), nn::kMaskValue)
+      .unsqueeze(1);
+}
+
+namespace {
+#if PI0_HAVE_SDPA
+// q [B,T,N,D] (already scaled), k/v [B,S,K,D], bias [B,1,T,S] → [B,T,N·D].
+torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                             const torch::Tensor& bias) {
+  const int64_t b = q.size(0), t = q.size(1), n = q.size(2), d = q.size(3), kv = k.size(2);
+  auto q_bntd = q.transpose(1, 2);
+  auto k_bksd = k.transpose(1, 2), v_bksd = v.transpose(1, 2);
+  auto attn_bias = bias.to(q.scalar_type());
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+  // Grouped-query attention in the kernel: head n uses kv head n / (N/K), as repeat_interleave (HF repeat_kv).
+  auto out = at::scaled_dot_product_attention(q_bntd, k_bksd, v_bksd, attn_bias, 0.0, false, 1.0,
+                                              /*enable_gqa=*/kv != n);
+#else
+  if (kv != n) {
+    k_bksd = k_bksd.repeat_interleave(n / kv, 1);
+    v_bksd = v_bksd.repeat_interleave(n / kv, 1);
+  }
+  auto out = at::scaled_dot_product_attention(q_bntd, k_bksd, v_bksd, attn_bias, 0.0, false, 1.0);
+#endif
+  return out.transpose(1, 2).reshape({b, t, n * d});
+}
+#endif
+}  // namespace
+
 torch::Tensor joint_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& mask) {
   const int64_t b = q.size(0), t = q.size(1), n = q.size(2), d = q.size(3);
   const int64_t s = k.size(1), kv = k.size(2), g = n / kv;
   PI0_CHECK(n % kv == 0, "query heads (", n, ") must be a multiple of kv heads (", kv, ")");
-  PI0_CHECK(mask.size(1) == t && mask.size(2) == s, "attention mask ", mask.sizes(), " does not match T=", t,
+  PI0_CHECK(mask.size(-2) == t && mask.size(-1) == s, "attention mask ", mask.sizes(), " does not match T=", t,
             " S=", s);
+  if (mask.scalar_type() != torch::kBool) {
+#if PI0_HAVE_SDPA
+    return sdpa_attention(q, k, v, mask);
+#else
+    PI0_CHECK(false, "an additive attention bias needs scaled_dot_product_attention (LibTorch >= 2.1)");
+#endif
+  }
   // Head n = kv_head·G + g shares kv_head (as HF repeat_kv); group queries so one matmul per kv head.
   auto q_bkgd = q.view({b, t, kv, g, d}).permute({0, 2, 3, 1, 4}).reshape({b, kv, g * t, d});
   auto k_bksd = k.permute({0, 2, 1, 3});
@@ -242,7 +319,7 @@ torch::Tensor Pi0Impl::velocity_full(const Embedded& prefix, const torch::Tensor
   auto suffix = embed_suffix(state, x_t, time);
   auto pad = torch::cat({prefix.pad_mask, suffix.pad_mask}, 1);
   auto ar = torch::cat({prefix.ar_mask, suffix.ar_mask}, 0);
-  auto mask = nn::make_attn_mask(pad, ar);
+  auto mask = attention_mask_for(nn::make_attn_mask(pad, ar), prefix.embs);
   auto positions = nn::positions_from_mask(pad);
   auto out = paligemma_with_expert->forward(prefix.embs, suffix.embs, mask, positions, suffix.cond, nullptr, nullptr,
                                             checkpointing_);
@@ -283,6 +360,64 @@ double elapsed_ms(std::chrono::steady_clock::time_point since, const torch::Devi
 }
 }  // namespace
 
+bool Pi0Impl::uses_sdpa(const torch::Device& device) const {
+  switch (attention_impl_) {
+    case AttentionImpl::kSdpa: return true;
+    case AttentionImpl::kExplicit: return false;
+    case AttentionImpl::kAuto: return sdpa_available() && device.is_cuda();
+  }
+  return false;
+}
+
+torch::Tensor Pi0Impl::attention_mask_for(const torch::Tensor& mask, const torch::Tensor& like) const {
+  return uses_sdpa(like.device()) ? attention_bias(mask, like.scalar_type()) : mask;
+}
+
+// Captured denoising loops, one per input signature. The graph reads and writes fixed buffers: each call copies
+// its prefix cache, masks, state and noise in, replays, and copies the result out.
+struct Pi0Impl::GraphCache {
+#if PI0_HAVE_CUDA_GRAPH
+  struct Entry {
+    at::cuda::CUDAGraph graph;
+    KVCache cache;
+    torch::Tensor pad_mask, state, x_in, x_out;
+  };
+  // batch, prefix tokens, steps, compute dtype, device index, attention path
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, bool>;
+  std::map<Key, std::unique_ptr<Entry>> entries;
+#endif
+};
+
+Pi0Impl::~Pi0Impl() = default;
+
+torch::Tensor Pi0Impl::denoise(const KVCache& cache, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
+                               torch::Tensor x, int64_t num_steps, int64_t first_step, int64_t count) {
+  auto& pwe = *paligemma_with_expert;
+  const int64_t b = x.size(0), h = options_.action_horizon, tp = prefix_pad_mask.size(1);
+  auto f32 = torch::TensorOptions().dtype(x.scalar_type()).device(x.device());
+  // Suffix positions continue after the prefix's valid tokens; the offset is fixed for all steps.
+  const auto prefix_len = prefix_pad_mask.to(torch::kLong).sum(1, /*keepdim=*/true);
+  // Time advances in float32 like the reference's `t + dt` loop.
+  const float dt = -1.0f / static_cast<float>(num_steps);
+  float t = 1.0f;
+  for (int64_t step = 0; step < first_step; ++step) t += dt;
+  const int64_t end = count < 0 ? num_steps : std::min(num_steps, first_step + count);
+  for (int64_t step = first_step; step < end; ++step) {
+    auto suffix = embed_suffix(state, x, torch::full({b}, t, f32));
+    const int64_t ts = suffix.embs.size(1);
+    auto mask = torch::cat({prefix_pad_mask.unsqueeze(1).expand({b, ts, tp}),
+                            nn::make_attn_mask(suffix.pad_mask, suffix.ar_mask)},
+                           2);
+    auto positions = prefix_len + suffix.pad_mask.to(torch::kLong).cumsum(1) - 1;
+    auto out = pwe.forward(torch::Tensor(), suffix.embs, attention_mask_for(mask, suffix.embs), positions,
+                           suffix.cond, &cache, nullptr, false);
+    auto v = action_out_proj->forward(nn::upcast(out.suffix.narrow(1, ts - h, h)));
+    x = x + dt * v;
+    t += dt;
+  }
+  return x;
+}
+
 torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torch::Tensor> noise, int64_t num_steps,
                                       bool use_kv_cache, SampleTiming* timing) {
   PI0_CHECK(num_steps > 0, "num_steps must be positive");
@@ -290,7 +425,7 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
   const int64_t b = obs.batch_size(), h = options_.action_horizon;
   const auto acc = compute_dtype_ == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
   auto f32 = torch::TensorOptions().dtype(acc).device(obs.state.device());
-  auto x = noise ? noise->to(acc) : torch::randn({b, h, options_.action_dim}, f32);
+  auto x = noise ? noise->to(f32) : torch::randn({b, h, options_.action_dim}, f32);
   const auto device = obs.state.device();
   if (timing) {
     *timing = SampleTiming{};
@@ -301,39 +436,82 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
   KVCache cache;
   auto& pwe = *paligemma_with_expert;
   if (use_kv_cache) {
-    pwe.forward(prefix.embs, torch::Tensor(), nn::make_attn_mask(prefix.pad_mask, prefix.ar_mask),
+    pwe.forward(prefix.embs, torch::Tensor(),
+                attention_mask_for(nn::make_attn_mask(prefix.pad_mask, prefix.ar_mask), prefix.embs),
                 nn::positions_from_mask(prefix.pad_mask), torch::Tensor(), nullptr, &cache, false);
   }
   if (timing) {
     timing->prefix_ms = elapsed_ms(clock, device);
     clock = std::chrono::steady_clock::now();
   }
-  // Suffix positions continue after the prefix's valid tokens; the offset is fixed for all steps.
-  const auto prefix_len = prefix.pad_mask.to(torch::kLong).sum(1, /*keepdim=*/true);
-  // Time advances in float32 like the reference's `t + dt` loop.
-  const float dt = -1.0f / static_cast<float>(num_steps);
-  float t = 1.0f;
-  for (int64_t step = 0; step < num_steps; ++step) {
-    auto time = torch::full({b}, t, f32);
-    torch::Tensor v;
-    if (use_kv_cache) {
-      auto suffix = embed_suffix(obs.state, x, time);
-      const int64_t ts = suffix.embs.size(1), tp = prefix.embs.size(1);
-      auto mask = torch::cat({prefix.pad_mask.unsqueeze(1).expand({b, ts, tp}),
-                              nn::make_attn_mask(suffix.pad_mask, suffix.ar_mask)},
-                             2);
-      auto positions = prefix_len + suffix.pad_mask.to(torch::kLong).cumsum(1) - 1;
-      auto out = pwe.forward(torch::Tensor(), suffix.embs, mask, positions, suffix.cond, &cache, nullptr, false);
-      v = action_out_proj->forward(nn::upcast(out.suffix.narrow(1, ts - h, h)));
+  if (!use_kv_cache) {
+    const float dt = -1.0f / static_cast<float>(num_steps);
+    float t = 1.0f;
+    for (int64_t step = 0; step < num_steps; ++step) {
+      x = x + dt * velocity_full(prefix, obs.state, x, torch::full({b}, t, f32));
+      t += dt;
+      if (timing) {
+        timing->step_ms.push_back(elapsed_ms(clock, device));
+        clock = std::chrono::steady_clock::now();
+      }
+    }
+    return x;
+  }
+  const auto state = obs.state.to(f32);
+#if PI0_HAVE_CUDA_GRAPH
+  if (cuda_graph_ && device.is_cuda()) {
+    if (!graphs_) graphs_ = std::make_unique<GraphCache>();
+    const GraphCache::Key key{b, prefix.pad_mask.size(1), num_steps, static_cast<int>(compute_dtype_),
+                              device.index(), uses_sdpa(device)};
+    auto& slot = graphs_->entries[key];
+    const bool fresh = !slot;
+    if (fresh) {
+      slot = std::make_unique<GraphCache::Entry>();
+      for (size_t l = 0; l < cache.k.size(); ++l) {
+        slot->cache.k.push_back(cache.k[l].clone());
+        slot->cache.v.push_back(cache.v[l].clone());
+      }
+      slot->pad_mask = prefix.pad_mask.clone();
+      slot->state = state.clone();
+      slot->x_in = x.clone();
     } else {
-      v = velocity_full(prefix, obs.state, x, time);
+      for (size_t l = 0; l < cache.k.size(); ++l) {
+        slot->cache.k[l].copy_(cache.k[l]);
+        slot->cache.v[l].copy_(cache.v[l]);
+      }
+      slot->pad_mask.copy_(prefix.pad_mask);
+      slot->state.copy_(state);
+      slot->x_in.copy_(x);
     }
-    x = x + dt * v;
-    t += dt;
+    if (fresh) {
+      // Capture on a side stream after one eager warm-up there (lazy library initialization — cuBLAS handles and
+      // workspaces, the Dense cast caches — must not happen inside the capture).
+      auto stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+      stream.synchronize();
+      c10::cuda::CUDAStreamGuard guard(stream);
+      torch::cuda::synchronize(device.index());
+      denoise(slot->cache, slot->pad_mask, slot->state, slot->x_in, num_steps);
+      stream.synchronize();
+      slot->graph.capture_begin();
+      slot->x_out = denoise(slot->cache, slot->pad_mask, slot->state, slot->x_in, num_steps);
+      slot->graph.capture_end();
+      stream.synchronize();
+    }
+    slot->graph.replay();
+    x = slot->x_out.clone();
     if (timing) {
-      timing->step_ms.push_back(elapsed_ms(clock, device));
-      clock = std::chrono::steady_clock::now();
+      const double total = elapsed_ms(clock, device);
+      for (int64_t step = 0; step < num_steps; ++step) timing->step_ms.push_back(total / num_steps);
     }
+    return x;
+  }
+#endif
+  if (!timing) return denoise(cache, prefix.pad_mask, state, x, num_steps);
+  for (int64_t step = 0; step < num_steps; ++step) {
+    // One step at a time so each is timed; the same arithmetic as denoise() over all steps.
+    x = denoise(cache, prefix.pad_mask, state, x, num_steps, step, 1);
+    timing->step_ms.push_back(elapsed_ms(clock, device));
+    clock = std::chrono::steady_clock::now();
   }
   return x;
 }

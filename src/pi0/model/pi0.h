@@ -3,6 +3,7 @@
 // sample_actions integrates the learned velocity field with Euler steps and a prefix KV cache.
 // Shapes: B batch, H action_horizon, A action_dim, Tp prefix tokens, Ts suffix tokens, Wp/We expert widths.
 #pragma once
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -61,10 +62,24 @@ class PaliGemmaWithExpertImpl : public torch::nn::Module {
 };
 TORCH_MODULE(PaliGemmaWithExpert);
 
-/// Joint grouped-query attention: q [B,T,N,D], k/v [B,S,K,D] (post-RoPE, scaled q), mask [B,T,S] bool →
-/// [B,T,N·D]. Logits and softmax in float32; masked logits set to kMaskValue.
+/// How joint attention is computed. kExplicit: matmul → float32 masked softmax → matmul, the reference path
+/// (openpi's own arithmetic). kSdpa: at::scaled_dot_product_attention (LibTorch ≥ 2.1; on CUDA it picks a fused
+/// kernel — memory-efficient or cuDNN, which take the joint mask as an additive bias — and never materializes
+/// the [B,N,T,S] logits). kAuto: kSdpa on CUDA when available, else kExplicit.
+enum class AttentionImpl { kAuto, kExplicit, kSdpa };
+/// True when this LibTorch has at::scaled_dot_product_attention with an explicit scale (≥ 2.1).
+bool sdpa_available();
+/// "auto" | "explicit" | "sdpa" → AttentionImpl (UserError naming `key` otherwise, or sdpa without support).
+AttentionImpl parse_attention_impl(const std::string& name, const std::string& key);
+
+/// Joint grouped-query attention: q [B,T,N,D], k/v [B,S,K,D] (post-RoPE, scaled q) → [B,T,N·D].
+/// `mask` is either [B,T,S] bool (explicit path: logits and softmax in float32, masked logits set to kMaskValue)
+/// or the additive bias [B,1,T,S] in q's dtype made by attention_bias() (SDPA path).
 torch::Tensor joint_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& mask);
+/// [B,T,S] bool mask → additive bias [B,1,T,S] in `dtype`: 0 where allowed, kMaskValue elsewhere. A finite
+/// value (not −inf) keeps a fully masked query row (padding) at a uniform softmax as in openpi, never NaN.
+torch::Tensor attention_bias(const torch::Tensor& mask, torch::ScalarType dtype);
 
 /// Wall-clock times of one sample_actions call, in milliseconds (CUDA work is synchronized before each reading).
 struct SampleTiming {
@@ -92,6 +107,15 @@ class Pi0Impl : public torch::nn::Module {
   /// float32 whatever this is.
   void set_compute_dtype(torch::ScalarType dtype) { compute_dtype_ = dtype; }
   torch::ScalarType compute_dtype() const { return compute_dtype_; }
+  /// Attention arithmetic (see AttentionImpl); kAuto by default.
+  void set_attention_impl(AttentionImpl impl) { attention_impl_ = impl; }
+  AttentionImpl attention_impl() const { return attention_impl_; }
+  /// Whether passes on `device` use SDPA under the current setting.
+  bool uses_sdpa(const torch::Device& device) const;
+  /// sample_actions on CUDA with the KV cache: capture the denoising loop in a CUDA graph per input shape and
+  /// replay it (the 10 suffix passes are small and launch-bound). No effect on CPU or without CUDA support.
+  void set_cuda_graph(bool on) { cuda_graph_ = on; }
+  bool cuda_graph() const { return cuda_graph_; }
   /// Recompute each transformer layer (both experts' layer together, and each SigLIP block) in backward.
   void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
   bool gradient_checkpointing() const { return checkpointing_; }
@@ -109,6 +133,7 @@ class Pi0Impl : public torch::nn::Module {
                               const torch::Tensor& time);
 
   const Pi0Options& options() const { return options_; }
+  ~Pi0Impl() override;
 
   PaliGemmaWithExpert paligemma_with_expert{nullptr};
   nn::Dense action_in_proj{nullptr}, action_out_proj{nullptr};
@@ -117,8 +142,19 @@ class Pi0Impl : public torch::nn::Module {
 
  private:
   Pi0Options options_;
+  // The Euler loop over suffix passes against a fixed prefix cache; returns the final x.
+  // Steps [first_step, first_step + count) of num_steps (count < 0: to the end).
+  torch::Tensor denoise(const KVCache& cache, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
+                        torch::Tensor x, int64_t num_steps, int64_t first_step = 0, int64_t count = -1);
+  // The joint mask of a pass in the representation the attention path takes (bool, or SDPA's additive bias).
+  torch::Tensor attention_mask_for(const torch::Tensor& mask, const torch::Tensor& like) const;
+
   torch::ScalarType compute_dtype_ = torch::kFloat32;
   bool checkpointing_ = false;
+  AttentionImpl attention_impl_ = AttentionImpl::kAuto;
+  bool cuda_graph_ = false;
+  struct GraphCache;  // captured denoising loops (CUDA builds only)
+  std::unique_ptr<GraphCache> graphs_;
 };
 TORCH_MODULE(Pi0);
 

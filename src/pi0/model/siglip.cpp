@@ -4,6 +4,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/nn/checkpoint.h"
+#include "pi0/nn/param_device.h"
 
 namespace pi0::model {
 
@@ -15,8 +16,8 @@ SiglipOptions siglip_variant(const std::string& name) {
 }
 
 LayerNorm32Impl::LayerNorm32Impl(int64_t width, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", torch::ones({width}));
-  bias = register_parameter("bias", torch::zeros({width}));
+  weight = register_parameter("weight", torch::ones({width}, nn::param_options()));
+  bias = register_parameter("bias", torch::zeros({width}, nn::param_options()));
 }
 
 torch::Tensor LayerNorm32Impl::forward(const torch::Tensor& x) {
@@ -70,10 +71,8 @@ torch::Tensor SiglipEncoderLayerImpl::forward(const torch::Tensor& x) {
 SiglipImpl::SiglipImpl(SiglipOptions o) : options(o) {
   PI0_CHECK(o.image_size % o.patch_size == 0, "image size must be a multiple of the patch size");
   auto embeddings = register_module("embeddings", std::make_shared<torch::nn::Module>());
-  patch_embedding = embeddings->register_module(
-      "patch_embedding", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, o.width, o.patch_size).stride(o.patch_size)));
-  position_embedding =
-      embeddings->register_module("position_embedding", torch::nn::Embedding(o.num_patches(), o.width));
+  patch_embedding = embeddings->register_module("patch_embedding", nn::PatchConv(3, o.width, o.patch_size));
+  position_embedding = embeddings->register_module("position_embedding", nn::Embedding(o.num_patches(), o.width));
   {
     torch::NoGradGuard no_grad;
     position_embedding->weight.normal_(0.0, 1.0 / std::sqrt(double(o.width)));

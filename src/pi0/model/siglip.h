@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "pi0/nn/dense.h"
+#include "pi0/nn/embedding.h"
 
 namespace pi0::model {
 
@@ -62,8 +63,8 @@ class SiglipImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& images, torch::ScalarType compute_dtype, bool checkpoint_layers);
 
   SiglipOptions options;
-  torch::nn::Conv2d patch_embedding{nullptr};
-  torch::nn::Embedding position_embedding{nullptr};
+  nn::PatchConv patch_embedding{nullptr};
+  nn::Embedding position_embedding{nullptr};
   std::vector<SiglipEncoderLayer> layers;
   LayerNorm32 post_layernorm{nullptr};
 };

@@ -2,13 +2,15 @@
 
 #include <cmath>
 
+#include "pi0/nn/param_device.h"
+
 namespace pi0::nn {
 
 DenseImpl::DenseImpl(DenseOptions options_) : options(std::move(options_)) { reset(); }
 
 void DenseImpl::reset() {
-  weight = register_parameter("weight", torch::empty({options.out_features(), options.in_features()}));
-  if (options.bias()) bias = register_parameter("bias", torch::zeros({options.out_features()}));
+  weight = register_parameter("weight", torch::empty({options.out_features(), options.in_features()}, param_options()));
+  if (options.bias()) bias = register_parameter("bias", torch::zeros({options.out_features()}, param_options()));
   torch::NoGradGuard no_grad;
   const auto& init = options.init();
   if (init == "zeros") {
@@ -21,17 +23,58 @@ void DenseImpl::reset() {
   }
 }
 
+namespace {
+// `p` in `dtype`, through `slot` when caching is on.
+torch::Tensor cast(const torch::Tensor& p, c10::ScalarType dtype, CachedCast& slot, bool cache) {
+  if (p.scalar_type() == dtype) return p;
+  if (!cache) return p.to(dtype);
+  const bool with_grad = p.requires_grad();
+  if (!slot.value.defined() || slot.value.scalar_type() != dtype || slot.data != p.data_ptr() ||
+      slot.version != p._version() || slot.with_grad != with_grad) {
+    // Record the cast's autograd edge whenever the parameter trains, even under no_grad: a checkpointed layer's
+    // first forward runs without grad, and its recomputation in backward reuses this very copy.
+    torch::AutoGradMode grad_mode(with_grad);
+    slot.value = p.to(dtype);
+    slot.data = p.data_ptr();
+    slot.version = p._version();
+    slot.with_grad = with_grad;
+  }
+  return slot.value;
+}
+}  // namespace
+
 torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
   const auto dtype = x.scalar_type();
-  auto w = weight.scalar_type() == dtype ? weight : weight.to(dtype);
+  const bool cache = cast_cache_enabled;
+  auto w = cast(weight, dtype, cast_w, cache);
   torch::Tensor b;
-  if (bias.defined()) b = bias.scalar_type() == dtype ? bias : bias.to(dtype);
+  if (bias.defined()) b = cast(bias, dtype, cast_b, cache);
   auto y = torch::nn::functional::linear(x, w, b);
   if (lora_a.defined()) {
-    auto a = lora_a.to(dtype), bb = lora_b.to(dtype);
+    auto a = cast(lora_a, dtype, cast_a, cache), bb = cast(lora_b, dtype, cast_bb, cache);
     y = y + torch::nn::functional::linear(torch::nn::functional::linear(x, a), bb) * lora_scaling;
   }
   return y;
+}
+
+namespace {
+template <typename Fn>
+void for_each_dense(torch::nn::Module& module, Fn fn) {
+  if (auto* d = dynamic_cast<DenseImpl*>(&module)) fn(*d);
+  for (const auto& child : module.modules(/*include_self=*/false))
+    if (auto* d = dynamic_cast<DenseImpl*>(child.get())) fn(*d);
+}
+}  // namespace
+
+void clear_cast_cache(torch::nn::Module& module) {
+  for_each_dense(module, [](DenseImpl& d) { d.cast_w = d.cast_b = d.cast_a = d.cast_bb = CachedCast{}; });
+}
+
+void set_cast_cache(torch::nn::Module& module, bool enabled) {
+  for_each_dense(module, [enabled](DenseImpl& d) {
+    d.cast_cache_enabled = enabled;
+    if (!enabled) d.cast_w = d.cast_b = d.cast_a = d.cast_bb = CachedCast{};
+  });
 }
 
 void DenseImpl::enable_lora(int64_t rank, double alpha) {
@@ -54,18 +97,17 @@ void DenseImpl::merge_lora() {
   parameters_.erase("lora_b");
   lora_a = torch::Tensor();
   lora_b = torch::Tensor();
+  cast_w = cast_a = cast_bb = CachedCast{};
 }
 
 int64_t merge_all_lora(torch::nn::Module& module) {
   int64_t merged = 0;
-  auto merge = [&](torch::nn::Module& m) {
-    if (auto* d = dynamic_cast<DenseImpl*>(&m); d && d->has_lora()) {
-      d->merge_lora();
+  for_each_dense(module, [&](DenseImpl& d) {
+    if (d.has_lora()) {
+      d.merge_lora();
       ++merged;
     }
-  };
-  merge(module);
-  for (const auto& child : module.modules(/*include_self=*/false)) merge(*child);
+  });
   return merged;
 }
 

@@ -16,6 +16,14 @@ struct DenseOptions {
   TORCH_ARG(std::string, init) = "lecun";
 };
 
+/// One parameter's cast to the compute dtype, kept while the parameter is unchanged.
+struct CachedCast {
+  torch::Tensor value;
+  const void* data = nullptr;  ///< the parameter's storage when cast (moves on to() / set_data)
+  int64_t version = -1;        ///< its version counter then (moves on every in-place update: optimizer, load)
+  bool with_grad = false;      ///< cast with an autograd edge to the parameter
+};
+
 class DenseImpl : public torch::nn::Module {
  public:
   explicit DenseImpl(DenseOptions options);
@@ -32,12 +40,26 @@ class DenseImpl : public torch::nn::Module {
   DenseOptions options;
   torch::Tensor weight, bias, lora_a, lora_b;
   double lora_scaling = 0.0;
+
+  /// Cast cache (bf16 compute over float32 master weights): forward() casts each parameter once and reuses the
+  /// copy until the parameter changes, so a training step casts once per optimizer step — not once per forward
+  /// and again in each checkpointed layer's recomputation — and sampling casts once, not once per denoising
+  /// step. The copy keeps its autograd edge, so gradients still reach the master weight. Costs one copy of the
+  /// cast parameters in the compute dtype while it lives; see clear_cast_cache().
+  bool cast_cache_enabled = true;
+  CachedCast cast_w, cast_b, cast_a, cast_bb;
 };
 TORCH_MODULE(Dense);
 
 /// Calls merge_lora() on every Dense in `module` (recursively, `module` included); returns how many layers had
 /// LoRA factors. Afterwards named_parameters() holds no `lora_a`/`lora_b`.
 int64_t merge_all_lora(torch::nn::Module& module);
+
+/// Frees every Dense's cast cache in `module` (the trainer calls it after backward, before the optimizer step
+/// changes the weights anyway, so the copies never coexist with the optimizer's temporaries).
+void clear_cast_cache(torch::nn::Module& module);
+/// Turns the cast cache on or off for every Dense in `module` (off: a cast per use, the lowest memory).
+void set_cast_cache(torch::nn::Module& module, bool enabled);
 
 /// tanh-approximated GELU (flax `nn.gelu` default, HF `gelu_pytorch_tanh`).
 torch::Tensor gelu_tanh(const torch::Tensor& x);

@@ -1,5 +1,7 @@
 #include "pi0/nn/rms_norm.h"
 
+#include "pi0/nn/param_device.h"
+
 namespace pi0::nn {
 
 RMSNormImpl::RMSNormImpl(RMSNormOptions options_) : options(options_) { reset(); }
@@ -8,7 +10,7 @@ void RMSNormImpl::reset() {
   if (adaptive()) {
     dense = register_module("dense", Dense(DenseOptions(options.cond_dim(), 3 * options.width()).init("zeros")));
   } else {
-    weight = register_parameter("weight", torch::zeros({options.width()}));
+    weight = register_parameter("weight", torch::zeros({options.width()}, param_options()));
   }
 }
 

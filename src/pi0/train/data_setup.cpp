@@ -63,6 +63,7 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
   lo.batch_size = local_batch;
   lo.num_workers = cfg.data.num_workers;
   lo.prefetch = cfg.data.prefetch;
+  lo.pin_memory = torch::Device(cfg.train.device).is_cuda() && torch::cuda::is_available();
   lo.seed = static_cast<uint64_t>(cfg.train.seed);
   lo.rank = rank;
   lo.world_size = world_size;

@@ -16,6 +16,33 @@ std::string shape_str(at::IntArrayRef s) {
 }
 }  // namespace
 
+void for_each_group(const std::vector<std::vector<torch::Tensor>*>& lists,
+                    const std::function<void(const std::vector<std::vector<torch::Tensor>>&)>& fn,
+                    int64_t max_elements) {
+  PI0_CHECK(!lists.empty(), "for_each_group needs at least one list");
+  const size_t n = lists[0]->size();
+  for (const auto* l : lists) PI0_CHECK(l->size() == n, "for_each_group: lists differ in length");
+  std::vector<std::vector<torch::Tensor>> group(lists.size());
+  int64_t elements = 0;
+  auto flush = [&] {
+    if (!group[0].empty()) fn(group);
+    for (auto& g : group) g.clear();
+    elements = 0;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const auto& first = (*lists[0])[i];
+    // A group shares device and dtype (a foreach requirement) and stays under max_elements, which bounds the
+    // temporaries a foreach op allocates (the Adam denominator: one float per element of the group).
+    if (!group[0].empty() && (first.device() != group[0][0].device() ||
+                              first.scalar_type() != group[0][0].scalar_type() ||
+                              elements + first.numel() > max_elements))
+      flush();
+    for (size_t l = 0; l < lists.size(); ++l) group[l].push_back((*lists[l])[i]);
+    elements += first.numel();
+  }
+  flush();
+}
+
 AdamW::AdamW(NamedTensors params, AdamWOptions options) : params_(std::move(params)), options_(options) {
   std::set<std::string> seen;
   torch::NoGradGuard no_grad;
@@ -34,6 +61,32 @@ void AdamW::step(double lr) {
   const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(step_));
   const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step_)));
   const double step_size = lr / bias_correction1;
+#if PI0_HAVE_FOREACH
+  if (options_.foreach) {
+    // Multi-tensor form of the loop below: the same elementwise operations in the same order (bit-identical on
+    // CPU), a few fused launches per group on CUDA instead of ~8 kernels per parameter.
+    std::vector<torch::Tensor> ps, gs, avgs, sqs;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const auto& p = params_[i].second;
+      auto grad = p.grad();
+      if (!grad.defined()) continue;
+      if (grad.scalar_type() != p.scalar_type()) grad = grad.to(p.scalar_type());
+      ps.push_back(p), gs.push_back(grad), avgs.push_back(exp_avg_[i]), sqs.push_back(exp_avg_sq_[i]);
+    }
+    for_each_group({&ps, &gs, &avgs, &sqs}, [&](const std::vector<std::vector<torch::Tensor>>& l) {
+      const auto &p = l[0], &g = l[1], &m = l[2], &v = l[3];
+      at::_foreach_mul_(p, 1.0 - lr * options_.weight_decay);
+      at::_foreach_lerp_(m, g, 1.0 - b1);
+      at::_foreach_mul_(v, b2);
+      at::_foreach_addcmul_(v, g, g, 1.0 - b2);
+      auto denom = at::_foreach_sqrt(v);
+      at::_foreach_div_(denom, bias_correction2_sqrt);
+      at::_foreach_add_(denom, options_.eps);
+      at::_foreach_addcdiv_(p, m, denom, -step_size);
+    });
+    return;
+  }
+#endif
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i].second;
     auto grad = p.grad();
@@ -106,26 +159,43 @@ void AdamW::load_state_dict(const std::map<std::string, torch::Tensor>& state, c
 
 double clip_grad_norm(std::vector<torch::Tensor>& params, double max_norm) {
   torch::NoGradGuard no_grad;
-  // Chunked so a 500M-element embedding gradient never needs a full float64 copy.
-  constexpr int64_t kChunk = int64_t{1} << 24;
+  std::vector<torch::Tensor> grads;
+  for (auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return 0.0;
   torch::Tensor sum_sq;
-  for (auto& p : params) {
-    const auto& g = p.grad();
-    if (!g.defined()) continue;
-    auto flat = g.reshape({-1});
-    for (int64_t start = 0; start < flat.numel(); start += kChunk) {
-      auto part = flat.narrow(0, start, std::min(kChunk, flat.numel() - start)).to(torch::kFloat64);
-      auto s = part.mul(part).sum();
+#if PI0_HAVE_FOREACH
+  if (grads[0].is_cuda()) {
+    // One fused launch per group for the per-tensor norms, one host sync for the total. Per-tensor norms are
+    // float32 (accumulated in float32 by the kernel), combined in float64.
+    for_each_group({&grads}, [&](const std::vector<std::vector<torch::Tensor>>& l) {
+      auto norms = torch::stack(at::_foreach_norm(l[0], 2)).to(torch::kFloat64);
+      auto s = norms.mul(norms).sum();
       sum_sq = sum_sq.defined() ? sum_sq.add(s.to(sum_sq.device())) : s;
+    });
+  }
+#endif
+  if (!sum_sq.defined()) {
+    // Chunked so a 500M-element embedding gradient never needs a full float64 copy.
+    constexpr int64_t kChunk = int64_t{1} << 24;
+    for (auto& g : grads) {
+      auto flat = g.reshape({-1});
+      for (int64_t start = 0; start < flat.numel(); start += kChunk) {
+        auto part = flat.narrow(0, start, std::min(kChunk, flat.numel() - start)).to(torch::kFloat64);
+        auto s = part.mul(part).sum();
+        sum_sq = sum_sq.defined() ? sum_sq.add(s.to(sum_sq.device())) : s;
+      }
     }
   }
-  if (!sum_sq.defined()) return 0.0;
   const double norm = std::sqrt(sum_sq.item<double>());
   if (!std::isfinite(norm)) return norm;
   if (norm > max_norm) {
     const double coef = max_norm / (norm + 1e-6);
-    for (auto& p : params)
-      if (p.grad().defined()) p.mutable_grad().mul_(coef);
+#if PI0_HAVE_FOREACH
+    for_each_group({&grads}, [&](const std::vector<std::vector<torch::Tensor>>& l) { at::_foreach_mul_(l[0], coef); });
+#else
+    for (auto& g : grads) g.mul_(coef);
+#endif
   }
   return norm;
 }

@@ -9,12 +9,21 @@
 // (no decay, no moment update, like torch), but later bias corrections still use the shared count.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
+#include <torch/version.h>
+
+// LibTorch >= 2.0 has every _foreach_* op used here (lerp, scalar-list-free addcdiv, norm).
+#if TORCH_VERSION_MAJOR >= 2
+#define PI0_HAVE_FOREACH 1
+#else
+#define PI0_HAVE_FOREACH 0
+#endif
 
 namespace pi0::train {
 
@@ -23,6 +32,7 @@ struct AdamWOptions {
   double beta2 = 0.95;          ///< second-moment decay
   double eps = 1e-8;            ///< added to sqrt(v̂)
   double weight_decay = 1e-10;  ///< decoupled: p ← p − lr·wd·p before the Adam update (all trainable params)
+  bool foreach = true;          ///< multi-tensor (_foreach_*) update where LibTorch has it (>= 2.0)
 };
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -58,6 +68,12 @@ class AdamW {
   AdamWOptions options_;
   int64_t step_ = 0;
 };
+
+/// Calls fn on consecutive groups of the parallel `lists` (same length; grouped by the first list's device,
+/// dtype and a bound of max_elements elements), for multi-tensor ops whose temporaries must stay bounded.
+void for_each_group(const std::vector<std::vector<torch::Tensor>*>& lists,
+                    const std::function<void(const std::vector<std::vector<torch::Tensor>>&)>& fn,
+                    int64_t max_elements = int64_t{1} << 26);
 
 /// Global L2 norm of all defined gradients of `params` (accumulated in float64), returned before clipping.
 /// When the norm exceeds max_norm, every gradient is scaled in place by max_norm / (norm + 1e-6), like

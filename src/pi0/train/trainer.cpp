@@ -17,6 +17,8 @@
 #include "pi0/io/safetensors.h"
 #include "pi0/model/model_config.h"
 #include "pi0/model/param_layout.h"
+#include "pi0/nn/dense.h"
+#include "pi0/nn/param_device.h"
 #include "pi0/train/checkpoint_dir.h"
 #include "pi0/train/lr_schedule.h"
 #include "pi0/train/metrics.h"
@@ -109,7 +111,11 @@ int64_t Trainer::local_batch() const {
 
 void Trainer::build_model() {
   const auto opts = model::options_from_config(cfg_.model);
-  model_ = model::Pi0(opts);
+  {
+    // Parameters are created (and randomly initialized) directly on the training device.
+    nn::ParamDeviceScope on_device(device_);
+    model_ = model::Pi0(opts);
+  }
   if (!cfg_.checkpoint.init_weights.empty()) {
     io::LoadOptions lo;
     lo.reinit_mismatched_projections = cfg_.checkpoint.reinit_mismatched_projections;
@@ -134,6 +140,8 @@ void Trainer::build_model() {
   }
   model_->to(device_);
   model_->set_gradient_checkpointing(cfg_.train.gradient_checkpointing);
+  model_->set_attention_impl(model::parse_attention_impl(cfg_.model.attention, "model.attention"));
+  nn::set_cast_cache(*model_, cfg_.train.weight_cast_cache);
   model_->train();
   if (pg_) check_and_sync_replicas();
 
@@ -220,8 +228,10 @@ int64_t Trainer::run() {
     for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
       if (reducer_) reducer_->enable_sync(micro + 1 == t.grad_accum_steps);  // all-reduce on the last only
       auto batch = data_.loader->next();
-      const auto obs = batch.observation.to(device_);
-      const auto actions = batch.actions.to(device_);
+      // Batches come pinned on CUDA (LoaderOptions::pin_memory): the copies overlap with queued GPU work.
+      const bool async = device_.is_cuda();
+      const auto obs = batch.observation.to(device_, async);
+      const auto actions = batch.actions.to(device_, async);
       const int64_t b = actions.size(0);
       // Noise and time come from the trainer's own generator so a resumed run draws the same values. Every rank
       // draws them for the global micro-batch and keeps its own slice, like its slice of the data.
@@ -235,6 +245,7 @@ int64_t Trainer::run() {
       loss_sum += loss.item<double>();
     }
     if (reducer_) reducer_->wait();  // gradients are now the mean over ranks, identical everywhere
+    nn::clear_cast_cache(*model_);   // the step's bf16 weight copies: the optimizer is about to change the weights
     const double loss_value = loss_sum / static_cast<double>(t.grad_accum_steps);
     const double grad_norm = clip_grad_norm(trainable_params, max_norm);
     // Decisions every rank must take alike: a non-finite loss on any rank, a stop signal on any rank.

@@ -1,0 +1,192 @@
+// GPU paths, tag [cuda]: CUDA against CPU for the model (float32 1e-4, bf16 3e-2, explicit and SDPA attention,
+// CUDA-graph sampling), training steps on CUDA, checkpoints moving between CUDA and CPU, pi0-infer --device cuda
+// and the NCCL process group at world size 1. Each case says it is skipped, and why, on a machine without a usable
+// GPU or with a CPU-only LibTorch (scripts/gpu-check.sh runs them on the GPU machine).
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "pi0/dist/dist_env.h"
+#include "pi0/dist/process_group.h"
+#include "pi0/io/safetensors.h"
+#include "pi0/model/pi0.h"
+#include "pi0/train/metrics.h"
+#include "pi0/train/trainer.h"
+#include "support/test_support.h"
+#include "support/tiny_run.h"
+
+using namespace pi0;
+using pi0::testing::max_rel_error;
+using pi0::testing::TinyRun;
+
+namespace {
+
+bool cuda_usable(const char* what) {
+  if (torch::cuda::is_available()) return true;
+#ifdef PI0_WITH_CUDA
+  WARN("skipped [cuda] " << what << ": no usable CUDA device");
+#else
+  WARN("skipped [cuda] " << what << ": LibTorch " TORCH_VERSION " was built without CUDA");
+#endif
+  return false;
+}
+
+model::Observation to_device(const model::Observation& o, const torch::Device& d) { return o.to(d); }
+
+std::vector<double> losses(const std::string& run_dir) {
+  std::vector<double> out;
+  for (const auto& r : train::read_metrics(run_dir + "/metrics.jsonl")) out.push_back(r.at("loss").get<double>());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("CUDA equals CPU: loss and sampling, float32 and bf16, explicit and SDPA, CUDA graph", "[cuda]") {
+  if (!cuda_usable("CUDA vs CPU equivalence")) return;
+  const torch::Device gpu("cuda");
+  for (bool pi05 : {false, true}) {
+    torch::manual_seed(7);
+    auto o = model::dummy_options(pi05);
+    model::Pi0 cpu_model(o);
+    auto obs = testing::random_observation(o, 2, 3, /*pad=*/2);
+    obs.image_masks[2][1] = false;
+    auto actions = torch::randn({2, o.action_horizon, o.action_dim});
+    auto noise = torch::randn_like(actions);
+    auto time = torch::tensor({0.25f, 0.75f});
+    torch::Tensor ref_loss, ref_sample;
+    {
+      torch::NoGradGuard no_grad;
+      ref_loss = cpu_model->compute_loss(obs, actions, noise, time);
+    }
+    ref_sample = cpu_model->sample_actions(obs, noise, 10);
+    model::Pi0 gpu_model(o);
+    {
+      torch::NoGradGuard no_grad;
+      auto src = cpu_model->named_parameters();
+      for (auto& p : gpu_model->named_parameters()) p.value().copy_(src[p.key()]);
+    }
+    gpu_model->to(gpu);
+    const auto gobs = to_device(obs, gpu);
+    for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+      const double tol = dtype == torch::kFloat32 ? 1e-4 : 3e-2;
+      gpu_model->set_compute_dtype(dtype);
+      for (auto impl : {model::AttentionImpl::kExplicit, model::AttentionImpl::kSdpa}) {
+        if (impl == model::AttentionImpl::kSdpa && !model::sdpa_available()) continue;
+        gpu_model->set_attention_impl(impl);
+        for (bool graph : {false, true}) {
+          INFO("pi05=" << pi05 << " dtype=" << dtype << " sdpa=" << (impl == model::AttentionImpl::kSdpa)
+                       << " cuda_graph=" << graph);
+          gpu_model->set_cuda_graph(graph);
+          torch::Tensor loss;
+          {
+            torch::NoGradGuard no_grad;
+            loss = gpu_model->compute_loss(gobs, actions.to(gpu), noise.to(gpu), time.to(gpu)).cpu();
+          }
+          CHECK(max_rel_error(loss, ref_loss) < tol);
+          // Twice: the first call captures the graph, the second replays it with new inputs in the same buffers.
+          auto s1 = gpu_model->sample_actions(gobs, noise.to(gpu), 10).cpu();
+          auto s2 = gpu_model->sample_actions(gobs, noise.to(gpu), 10).cpu();
+          CHECK(max_rel_error(s1, ref_sample) < tol);
+          CHECK(max_rel_error(s2, ref_sample) < tol);
+          auto other = torch::randn_like(noise);
+          auto s3 = gpu_model->sample_actions(gobs, other.to(gpu), 10).cpu();
+          CHECK(max_rel_error(s3, cpu_model->sample_actions(obs, other, 10)) < tol);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("20 bf16-mixed training steps on CUDA with checkpointing lower the loss", "[cuda]") {
+  if (!cuda_usable("training on CUDA")) return;
+  TinyRun run;
+  train::Trainer t(run.config("cuda", {"train.device=cuda", "train.precision=bf16-mixed", "train.num_steps=20",
+                                       "train.gradient_checkpointing=true", "train.lr_warmup_steps=2",
+                                       "train.lr_peak=1e-3", "checkpoint.save_interval=20"}));
+  CHECK(t.run() == 20);
+  const auto l = losses(run.dir.str("cuda"));
+  REQUIRE(l.size() == 20);
+  for (double x : l) CHECK(std::isfinite(x));
+  const double first = (l[0] + l[1] + l[2]) / 3, last = (l[17] + l[18] + l[19]) / 3;
+  INFO("mean loss of steps 1-3: " << first << ", of steps 18-20: " << last);
+  CHECK(last < 0.8 * first);
+}
+
+TEST_CASE("a checkpoint saved on CUDA resumes on CPU, and one saved on CPU resumes on CUDA", "[cuda]") {
+  if (!cuda_usable("checkpoints across devices")) return;
+  TinyRun run;
+  for (const auto& [first, second] : {std::pair<std::string, std::string>{"cuda", "cpu"}, {"cpu", "cuda"}}) {
+    INFO(first << " -> " << second);
+    const std::string name = first + "_to_" + second;
+    {
+      train::Trainer t(run.config(name, {"train.device=" + first, "train.precision=float32", "train.num_steps=3",
+                                         "checkpoint.save_interval=3"}));
+      CHECK(t.run() == 3);
+    }
+    train::RunOptions resume;
+    resume.resume = true;
+    train::Trainer t(run.config(name, {"train.device=" + second, "train.precision=float32", "train.num_steps=5",
+                                       "checkpoint.save_interval=5"}),
+                     resume);
+    CHECK(t.step() == 0);
+    CHECK(t.run() == 5);
+    const auto l = losses(run.dir.str(name));
+    REQUIRE(l.size() == 5);
+    for (double x : l) CHECK(std::isfinite(x));
+    // The resumed weights are the saved ones: steps 4-5 continue from step 3's state on the other device.
+    auto w = io::read_safetensors(run.dir.str(name) + "/checkpoints/5/model.safetensors");
+    CHECK(!w.empty());
+  }
+}
+
+TEST_CASE("pi0-infer --device cuda reproduces the CPU actions", "[cuda]") {
+  if (!cuda_usable("pi0-infer --device cuda")) return;
+  TinyRun run;
+  {
+    train::Trainer t(run.config("infer", {"train.num_steps=2", "checkpoint.save_interval=2", "train.precision=float32"}));
+    t.run();
+  }
+  const std::string bin = PI0_BINARY_DIR, dir = run.dir.str();
+  auto sh = [&](const std::string& cmd) {
+    const int status = std::system((cmd + " > " + dir + "/app.log 2>&1").c_str());
+    std::ifstream in(dir + "/app.log");
+    INFO(cmd << "\n" << std::string((std::istreambuf_iterator<char>(in)), {}));
+    REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  };
+  sh(bin + "/pi0-export --checkpoint " + dir + "/infer --out " + dir + "/bundle --dtype float32");
+  // An observation in robot units: the LIBERO example's raw keys.
+  torch::manual_seed(3);
+  std::vector<std::pair<std::string, torch::Tensor>> obs = {
+      {"image/base_0_rgb", torch::randint(0, 255, {1, 32, 32, 3}, torch::kUInt8)},
+      {"image/left_wrist_0_rgb", torch::randint(0, 255, {1, 32, 32, 3}, torch::kUInt8)},
+      {"state", torch::randn({1, 8})},
+      {"noise", torch::randn({1, 8, 8})}};
+  io::save_safetensors(dir + "/obs.safetensors", obs);
+  for (const std::string dev : {"cpu", "cuda"})
+    for (const std::string graph : {"on", "off"})
+      sh(bin + "/pi0-infer --bundle " + dir + "/bundle --obs " + dir + "/obs.safetensors --prompt 'pick' --out " + dir +
+         "/actions_" + dev + "_" + graph + ".safetensors --device " + dev + " --cuda-graph " + graph);
+  auto ref = io::SafetensorsFile(dir + "/actions_cpu_off.safetensors").get_copy("actions");
+  for (const std::string graph : {"on", "off"}) {
+    auto got = io::SafetensorsFile(dir + "/actions_cuda_" + graph + ".safetensors").get_copy("actions");
+    INFO("cuda-graph " << graph);
+    CHECK(max_rel_error(got, ref) < 1e-4);
+  }
+}
+
+TEST_CASE("NCCL process group at world size 1: all-reduce and broadcast", "[cuda]") {
+  if (!cuda_usable("NCCL process group")) return;
+  dist::DistEnv env;
+  env.master_port = 29613;
+  dist::ProcessGroup pg(env, torch::Device("cuda:0"), std::chrono::milliseconds(60000));
+  CHECK(pg.backend_name() == "nccl");
+  auto t = torch::arange(6, torch::TensorOptions().dtype(torch::kFloat32).device("cuda"));
+  pg.all_reduce_sum(t, "test all-reduce");
+  CHECK(torch::equal(t.cpu(), torch::arange(6, torch::kFloat32)));
+  std::vector<torch::Tensor> b{torch::ones({3}, torch::TensorOptions().device("cuda")).to(torch::kBFloat16)};
+  pg.broadcast(b, 0, "test broadcast");
+  CHECK(b[0].sum().item<float>() == 3.0f);
+}
