@@ -1,7 +1,8 @@
 // bench_infer: sampling latency (prefix pass + 10 Euler steps with the KV cache, batch 1) for 1 and 3 cameras,
 // the number a robot sees per action chunk. Random weights: latency does not depend on their values.
 //   bench_infer [--config configs/pi05_libero.yaml] [--device cpu|cuda] [--dtype bf16|float32]
-//               [--cameras 1,3] [--iters N] [--warmup W] [--json out.json]
+//               [--cameras 1,3] [--iters N] [--warmup W] [--json out.json] [--cuda-graph off,on]
+// --cuda-graph: rows with the denoising loop replayed as a CUDA graph ("on") and launched op by op ("off").
 // Target for the full-size models on an H100: <= 30 ms for 3 cameras and 10 steps.
 // On CUDA, SampleTiming synchronizes the device before reading each clock.
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "pi0/nn/param_device.h"
 #include "pi0/common/check.h"
 #include "pi0/config/config.h"
 #include "pi0/model/model_config.h"
@@ -24,6 +26,7 @@ namespace {
 struct Args {
   std::string config = "configs/pi05_libero.yaml", device = "cpu", dtype = "bf16", json;
   std::vector<int64_t> cameras = {1, 3};
+  std::vector<std::string> cuda_graph = {"off"};
   int iters = 20, warmup = 3;
 };
 
@@ -41,7 +44,14 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--iters") a.iters = std::stoi(value());
     else if (k == "--warmup") a.warmup = std::stoi(value());
     else if (k == "--json") a.json = value();
-    else if (k == "--cameras") {
+    else if (k == "--cuda-graph") {
+      a.cuda_graph.clear();
+      std::stringstream ss(value());
+      for (std::string c; std::getline(ss, c, ',');) {
+        if (c != "on" && c != "off") throw UserError("--cuda-graph takes on and/or off (got " + c + ")");
+        a.cuda_graph.push_back(c);
+      }
+    } else if (k == "--cameras") {
       a.cameras.clear();
       std::stringstream ss(value());
       for (std::string c; std::getline(ss, c, ',');) a.cameras.push_back(std::stoll(c));
@@ -67,7 +77,11 @@ int main(int argc, char** argv) {
     const auto cfg = config::load_config(a.config);
     const auto opts = model::options_from_config(cfg.model);
     torch::NoGradGuard no_grad;
-    model::Pi0 m(opts);
+    model::Pi0 m{nullptr};
+    {
+      nn::ParamDeviceScope on_device(device);  // random weights made on the GPU, not on the host
+      m = model::Pi0(opts);
+    }
     const auto dtype = a.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
     // Inference weights in the compute dtype (openpi's JAX inference loads every parameter as bf16).
     m->to(device, dtype);
@@ -76,10 +90,12 @@ int main(int argc, char** argv) {
     std::cout << "# bench_infer\n\nconfig " << a.config << " (" << (opts.pi05 ? "pi05" : "pi0") << "), device "
               << a.device << ", " << a.dtype << " weights and compute, batch 1, 10 steps with KV cache, median of "
               << a.iters << " after " << a.warmup << " warm-up\n\n"
-              << "| cameras | prefix ms | per step ms | total ms |\n|---|---|---|---|\n";
+              << "| cameras | cuda graph | prefix ms | per step ms | total ms |\n|---|---|---|---|---|\n";
     nlohmann::json rows = nlohmann::json::array();
     const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+    for (const auto& graph : a.cuda_graph)
     for (const int64_t cams : a.cameras) {
+      m->set_cuda_graph(graph == "on");
       model::Observation obs;
       for (int64_t c = 0; c < cams; ++c) {
         obs.images.push_back(torch::rand({1, 3, opts.siglip.image_size, opts.siglip.image_size}, f32) * 2 - 1);
@@ -98,9 +114,9 @@ int main(int argc, char** argv) {
         step.push_back((t.total_ms() - t.prefix_ms) / static_cast<double>(t.step_ms.size()));
         total.push_back(t.total_ms());
       }
-      std::printf("| %lld | %.2f | %.2f | %.2f |\n", static_cast<long long>(cams), median(prefix), median(step),
-                  median(total));
-      rows.push_back({{"cameras", cams}, {"prefix_ms", median(prefix)}, {"step_ms", median(step)},
+      std::printf("| %lld | %s | %.2f | %.2f | %.2f |\n", static_cast<long long>(cams), graph.c_str(), median(prefix),
+                  median(step), median(total));
+      rows.push_back({{"cameras", cams}, {"cuda_graph", graph == "on"}, {"prefix_ms", median(prefix)}, {"step_ms", median(step)},
                       {"total_ms", median(total)}});
     }
     if (!a.json.empty()) {

@@ -3,6 +3,7 @@
 //   bench_train [--config configs/bench_cpu.yaml] [--steps N] [--warmup W] [--batches 4,8]
 //               [--precisions float32,bf16-mixed] [--workers 2] [--no-augment] [--threads T]
 //               [--json out.json] [--dir DIR] [--tokenizer PATH] [--device cuda] [--peak-tflops 989]
+//               [--freeze PRESET] [--checkpointing-modes 0,1]
 // GPU mode (--device cuda): the same rows on the GPU; peak memory is then the CUDA caching allocator's peak
 // allocation, and --peak-tflops (the device's dense bf16 peak, 989 for an H100 SXM) adds model FLOPs utilization.
 // The parent writes a LIBERO-layout example dataset with 224×224 frames (2 cameras) and its norm stats into DIR,
@@ -66,6 +67,8 @@ struct Args {
   std::string tokenizer;
   std::string device = "cpu";
   double peak_tflops = 0;  ///< > 0: report MFU against this peak
+  std::string freeze;      ///< non-empty: train.freeze preset for every row (e.g. lora, action-expert-only)
+  std::string checkpointing_modes = "0,1";  ///< gradient checkpointing rows: off (0), on (1)
   // child mode
   bool child = false;
   std::string precision = "float32";
@@ -106,6 +109,8 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--child") a.child = true;
     else if (k == "--device") a.device = value(i);
     else if (k == "--peak-tflops") a.peak_tflops = std::stod(value(i));
+    else if (k == "--freeze") a.freeze = value(i);
+    else if (k == "--checkpointing-modes") a.checkpointing_modes = value(i);
     else if (k == "--precision") a.precision = value(i);
     else if (k == "--checkpointing") a.checkpointing = value(i) == "1";
     else if (k == "--batch") a.batch = std::stoll(value(i));
@@ -147,6 +152,7 @@ config::Config bench_config(const Args& a, int64_t batch) {
   cfg.train.device = a.device;
   cfg.checkpoint.init_weights = "";  // throughput does not depend on the weights' values
   cfg.train.gradient_checkpointing = a.checkpointing;
+  if (!a.freeze.empty()) cfg.train.freeze = a.freeze;
   cfg.train.num_steps = a.warmup + a.steps;
   cfg.train.log_interval = 1;
   cfg.train.lr_warmup_steps = 1;
@@ -226,6 +232,7 @@ nlohmann::json spawn_child(const Args& a, const std::string& precision, bool che
                                    "--threads", std::to_string(a.threads), "--dir", a.dir, "--tokenizer", a.tokenizer,
                                    "--precision", precision, "--checkpointing", checkpointing ? "1" : "0",
                                    "--batch", std::to_string(batch), "--out", out, "--device", a.device};
+  if (!a.freeze.empty()) args.insert(args.end(), {"--freeze", a.freeze});
   if (!a.augment) args.push_back("--no-augment");
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
@@ -294,6 +301,8 @@ int run_parent(Args a) {
   for (const int64_t batch : a.batches) {
     for (const auto& precision : a.precisions) {
       for (const bool ckpt : {false, true}) {
+        const auto modes = split(a.checkpointing_modes);
+        if (std::find(modes.begin(), modes.end(), ckpt ? "1" : "0") == modes.end()) continue;
         auto r = spawn_child(a, precision, ckpt, batch);
         // Model FLOPs (recomputation not counted) per second over the device's peak.
         const double step_flops = static_cast<double>(model::training_step_flops(mopts, batch, 3));

@@ -195,9 +195,13 @@ TEST_CASE("ddp: two ranks with batch b match one rank with batch 2b", "[dist][in
     if (e > 1e-4) over += name + " " + std::to_string(e) + "\n";
     if (e > worst) worst = e, worst_name = name;
   }
+  // Bound: elements whose gradient is near float32 rounding noise take Adam steps of up to ±lr whose sign depends
+  // on the summation order, so a tensor's max |Δw| can reach a few lr-sized steps although the maths agree. The
+  // GEMM library sets that order: 0.6e-4 was seen with Debian's OpenBLAS, 1.008e-4 with the MKL inside pip's
+  // LibTorch 2.x; 2e-4 keeps a 2x margin over both, still far below one step's relative size (lr / max|w|).
   INFO("worst tensor " << worst_name << ": relative error " << worst << "\nover 1e-4:\n" << over);
   WARN("weights: worst relative error " << worst << " (" << worst_name << ")");
-  CHECK(worst <= 1e-4);
+  CHECK(worst <= 2e-4);
 }
 
 TEST_CASE("ddp: a killed rank makes the other fail within dist.timeout_s", "[dist][integration]") {
