@@ -8,3 +8,10 @@ void set_log_rank(int rank) {
 }
 
 }  // namespace pi0
+
+#include "pi0/common/log_line.h"
+
+namespace pi0 {
+void log_info_line(const std::string& line) { spdlog::info("{}", line); }
+void log_warn_line(const std::string& line) { spdlog::warn("{}", line); }
+}  // namespace pi0

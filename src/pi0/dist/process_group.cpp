@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <mutex>
 
-#include <spdlog/spdlog.h>
+#include <sstream>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -32,6 +32,7 @@
 #endif
 
 #include "pi0/common/check.h"
+#include "pi0/common/log_line.h"
 
 namespace pi0::dist {
 namespace {
@@ -191,8 +192,10 @@ ProcessGroup::ProcessGroup(const DistEnv& env, torch::Device device, std::chrono
   }
   // The first collective completes the backend's connection set-up with every peer.
   barrier("start-up rendezvous");
-  spdlog::info("process group ready: {} ranks, backend {}, rendezvous {}, timeout {} s", world_size_,
-               impl_->backend_name, endpoint, timeout_seconds());
+  std::ostringstream line;
+  line << "process group ready: " << world_size_ << " ranks, backend " << impl_->backend_name << ", rendezvous "
+       << endpoint << ", timeout " << timeout_seconds() << " s";
+  log_info_line(line.str());
 }
 
 ProcessGroup::~ProcessGroup() = default;

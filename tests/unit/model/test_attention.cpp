@@ -4,6 +4,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/model/pi0.h"
+#include "pi0/nn/attention_mask.h"
 #include "support/test_support.h"
 
 using namespace pi0;
