@@ -280,7 +280,7 @@ int run_parent(Args a) {
   std::printf("# bench_train\n\nconfig %s (%s, prefix width %lld, expert width %lld, depth %lld, SigLIP %s at %lld)\n",
               a.config.c_str(), mopts.pi05 ? "pi05" : "pi0", static_cast<long long>(mopts.paligemma.width),
               static_cast<long long>(mopts.action_expert.width), static_cast<long long>(mopts.paligemma.depth),
-              cfg0.model.siglip_variant.c_str(), static_cast<long long>(cfg0.model.image_size));
+              cfg0.model.siglip_variant.describe().c_str(), static_cast<long long>(cfg0.model.image_size));
   std::printf("data: %lld frames, 224x224, LIBERO cameras (2 real + 1 masked slot); loader workers %lld, augment %s\n",
               static_cast<long long>(frames), static_cast<long long>(a.workers), a.augment ? "on" : "off");
   std::printf("each row: a fresh process, %d warm-up + %d timed steps (fwd+bwd+clip+AdamW+EMA), median and best step\n"

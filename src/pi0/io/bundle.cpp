@@ -41,11 +41,22 @@ void write_text(const fs::path& path, const std::string& text) {
   if (!out) throw UserError(path.string() + ": cannot write file");
 }
 
-std::string strip_lora(const std::string& variant) {
+// The expert without LoRA (what a merged export holds): "_lora" dropped from a name, rank 0 for explicit dims.
+config::GemmaSpec strip_lora(config::GemmaSpec spec) {
   const std::string suffix = "_lora";
-  if (variant.size() > suffix.size() && variant.compare(variant.size() - suffix.size(), suffix.size(), suffix) == 0)
-    return variant.substr(0, variant.size() - suffix.size());
-  return variant;
+  auto& v = spec.variant;
+  if (v.size() > suffix.size() && v.compare(v.size() - suffix.size(), suffix.size(), suffix) == 0)
+    v = v.substr(0, v.size() - suffix.size());
+  spec.lora_rank = 0;
+  spec.lora_alpha = 0.0;
+  return spec;
+}
+
+// A model part in config.json: the variant name, or the dimensions as an object.
+nlohmann::json spec_json(const config::GemmaSpec& s) {
+  if (s.is_named()) return s.variant;
+  return {{"width", s.width}, {"depth", s.depth}, {"mlp_dim", s.mlp_dim}, {"num_heads", s.num_heads},
+          {"num_kv_heads", s.num_kv_heads}, {"head_dim", s.head_dim}};
 }
 
 // The assets/<asset_id>/ folder of a checkpoint: the configured id, else the only folder there.
@@ -154,8 +165,8 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     const auto& o = model->options();
     nlohmann::json cj = {{"action_dim", o.action_dim},
                          {"action_horizon", o.action_horizon},
-                         {"paligemma_variant", bundle_cfg.model.paligemma_variant},
-                         {"action_expert_variant", bundle_cfg.model.action_expert_variant},
+                         {"paligemma_variant", spec_json(bundle_cfg.model.paligemma_variant)},
+                         {"action_expert_variant", spec_json(bundle_cfg.model.action_expert_variant)},
                          {"precision", options.dtype == torch::kBFloat16 ? "bfloat16" : "float32"},
                          {"pi05", o.pi05},
                          {"max_token_len", o.max_token_len},

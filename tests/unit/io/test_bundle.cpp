@@ -280,7 +280,7 @@ TEST_CASE("export_bundle merges LoRA: the bundle computes what the LoRA model co
   const auto rep = io::export_bundle(run.checkpoint, dir.str("bundle"), export_options("model"));
   CHECK(rep.lora_layers_merged > 0);
   auto bundle = io::load_bundle(dir.str("bundle"));
-  CHECK(bundle.config.model.paligemma_variant == "dummy");
+  CHECK(bundle.config.model.paligemma_variant.variant == "dummy");
   for (auto& p : bundle.model->named_parameters()) CHECK(p.key().find("lora_") == std::string::npos);
 
   run.model->eval();
