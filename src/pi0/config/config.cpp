@@ -313,6 +313,8 @@ void validate(const Config& c) {
   }
   const auto& d = c.data.dataset;
   require(d.format == "libero" || d.format == "aloha", "data.dataset.format", "'" + d.format + "'", "libero or aloha");
+  require(d.adapt_to_pi == "auto" || d.adapt_to_pi == "true" || d.adapt_to_pi == "false", "data.dataset.adapt_to_pi",
+          "'" + d.adapt_to_pi + "'", "auto, true or false");
   require(c.data.num_workers >= 0, "data.num_workers", c.data.num_workers, ">= 0");
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, ">= 1");
   const auto& t = c.train;

@@ -106,6 +106,10 @@ struct DatasetConfig {
   std::vector<std::string> state_keys;       // empty = format default
   std::string action_key;                    // empty = format default
   std::string prompt;                        // empty = from the file's attributes
+  std::string adapt_to_pi = "auto";          // auto | true | false; auto = true for aloha, false for libero
+
+  /// adapt_to_pi resolved against the format (auto → format == "aloha").
+  bool adapt_to_pi_enabled() const { return adapt_to_pi == "auto" ? format == "aloha" : adapt_to_pi == "true"; }
 
   template <class V>
   void visit(V& v) {
@@ -115,6 +119,7 @@ struct DatasetConfig {
     v("state_keys", state_keys, "dataset keys concatenated into the state vector; empty = format default");
     v("action_key", action_key, "dataset key of the actions; empty = format default");
     v("prompt", prompt, "task instruction; empty = read from the file (e.g. LIBERO problem_info)");
+    v("adapt_to_pi", adapt_to_pi, "ALOHA joint flips and gripper linear→angular as openpi trains (auto = on for aloha)");
   }
 };
 

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/data/aloha.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
@@ -169,6 +170,7 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
                          {"action_expert_variant", spec_json(bundle_cfg.model.action_expert_variant)},
                          {"precision", options.dtype == torch::kBFloat16 ? "bfloat16" : "float32"},
                          {"pi05", o.pi05},
+                         {"adapt_to_pi", bundle_cfg.data.dataset.adapt_to_pi_enabled()},
                          {"max_token_len", o.max_token_len},
                          {"image_size", o.siglip.image_size},
                          {"asset_id", asset_id},
@@ -270,6 +272,8 @@ InferenceInputs make_inference_inputs(const Bundle& bundle, const std::map<std::
                     std::to_string(t.action_dim));
   InferenceInputs in;
   in.raw_state = state.to(torch::kFloat32).contiguous();
+  if (bundle.config.data.dataset.adapt_to_pi_enabled())
+    in.raw_state = data::aloha_state_to_pi(in.raw_state, source + ": 'state' (the bundle was trained with adapt_to_pi)");
   const std::string stats_src = bundle.norm_stats.source.empty() ? "norm stats" : bundle.norm_stats.source;
   torch::Tensor norm_state =
       mode == data::NormMode::kNone
@@ -372,6 +376,7 @@ torch::Tensor robot_actions(const Bundle& bundle, const torch::Tensor& actions_B
       per.push_back(data::absolute_actions(a[b], raw_state_BS[b].to(torch::kFloat32), t.delta_action_mask));
     a = torch::stack(per);
   }
+  if (bundle.config.data.dataset.adapt_to_pi_enabled()) a = data::aloha_actions_from_pi(a, "the model's actions");
   return a.contiguous();
 }
 
