@@ -340,6 +340,7 @@ void validate(const Config& c) {
   require(t.ema_decay >= 0 && t.ema_decay < 1, "train.ema_decay", t.ema_decay, "in [0, 1) (0 = off)");
   require(t.max_nonfinite_skips >= 0, "train.max_nonfinite_skips", t.max_nonfinite_skips, ">= 0");
   require(t.log_interval > 0, "train.log_interval", t.log_interval, "> 0");
+  require(t.num_threads >= 0, "train.num_threads", t.num_threads, ">= 0 (0 = OMP_NUM_THREADS or all cores)");
   const auto& k = c.checkpoint;
   require(!k.run_dir.empty(), "checkpoint.run_dir", "''", "a directory path");
   require(k.save_interval > 0, "checkpoint.save_interval", k.save_interval, "> 0");

@@ -166,6 +166,7 @@ struct TrainConfig {
   double ema_decay = 0.99;
   int64_t max_nonfinite_skips = 0;
   int64_t log_interval = 100;
+  int64_t num_threads = 0;
 
   template <class V>
   void visit(V& v) {
@@ -191,6 +192,7 @@ struct TrainConfig {
     v("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
     v("max_nonfinite_skips", max_nonfinite_skips, "optimizer steps with a non-finite loss/grad norm that may be skipped before the run stops");
     v("log_interval", log_interval, "steps between progress lines and metrics records");
+    v("num_threads", num_threads, "CPU threads of ATen, OpenMP and the BLAS together; 0 = OMP_NUM_THREADS or all cores");
   }
 };
 
