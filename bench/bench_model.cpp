@@ -21,6 +21,7 @@
 #include <torch/torch.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/threads.h"
 #include "pi0/config/config.h"
 #include "pi0/model/flops.h"
 #include "pi0/model/model_config.h"
@@ -37,7 +38,7 @@ struct Args {
   int iters = 10;         ///< timed training iterations per case (after 2 warm-up iterations)
   int sample_iters = 5;   ///< timed sample_actions calls per case
   std::string json;       ///< write the results here as JSON when set
-  int threads = 0;        ///< 0 = LibTorch's default (at::get_num_threads())
+  int threads = 0;        ///< ATen, OpenMP and OpenBLAS threads; 0 = ATen's default, which the other two follow
   int64_t cameras = 1;    ///< images per sample
   bool bf16 = true;
   bool profile = false;   ///< time SigLIP and the joint Gemma pass separately
@@ -182,7 +183,7 @@ std::string fmt(const char* f, double v) {
 int main(int argc, char** argv) {
   try {
     const Args args = parse_args(argc, argv);
-    if (args.threads > 0) torch::set_num_threads(args.threads);
+    const auto threads = pi0::set_num_threads(args.threads);  // ATen, OpenMP and the BLAS alike
     torch::manual_seed(0);
     const auto cfg = config::load_config(args.config);
     const auto opts = model::options_from_config(cfg.model);
@@ -192,8 +193,7 @@ int main(int argc, char** argv) {
     std::cout << "# bench_model\n\nconfig " << args.config << " (" << (opts.pi05 ? "pi05" : "pi0") << ", prefix width "
               << opts.paligemma.width << ", expert width " << opts.action_expert.width << ", depth "
               << opts.paligemma.depth << ", SigLIP width " << opts.siglip.width << " depth " << opts.siglip.depth
-              << ", batch " << batch << ", cameras " << cams << ")\nthreads: at::get_num_threads()="
-              << at::get_num_threads() << "\n";
+              << ", batch " << batch << ", cameras " << cams << ")\n" << threads.describe() << "\n";
     const auto info = at::get_parallel_info() + at::show_config();
     // show_config() is one long comma-separated line: print only the entries that decide GEMM speed.
     for (const std::string key : {"ATen parallel backend", "BLAS_INFO", "USE_MKLDNN", "CPU capability usage"}) {
@@ -337,6 +337,8 @@ int main(int argc, char** argv) {
       nlohmann::json j;
       j["config"] = args.config;
       j["threads"] = at::get_num_threads();
+      j["openmp_threads"] = threads.openmp;
+      j["blas_threads"] = threads.blas;
       j["batch"] = batch;
       j["cameras"] = cams;
       for (const auto& g : gemms) j["gemm"].push_back({{"name", g.name}, {"m", g.m}, {"k", g.k}, {"n", g.n}, {"gflops", g.gflops}});

@@ -37,6 +37,7 @@
 #endif
 
 #include "pi0/common/check.h"
+#include "pi0/common/threads.h"
 #include "pi0/config/config.h"
 #include "pi0/data/dataset.h"
 #include "pi0/data/example_data.h"
@@ -179,7 +180,7 @@ Timing summarize(std::vector<double> v) {
 /// Child: one configuration, result as JSON in a.out.
 int run_child(const Args& a) {
   spdlog::set_level(spdlog::level::warn);
-  if (a.threads > 0) torch::set_num_threads(a.threads);
+  pi0::set_num_threads(a.threads);  // ATen, OpenMP and the BLAS alike
   auto cfg = bench_config(a, a.batch);
   const fs::path run_dir = fs::path(a.dir) / ("run_" + std::to_string(::getpid()));
   fs::remove_all(run_dir);
@@ -217,7 +218,8 @@ int run_child(const Args& a) {
                         {"rss_base_mib", base_mib},
                         {"rss_peak_mib", peak_mib},
                         {"rss_train_mib", peak_mib - base_mib},
-                        {"torch_threads", at::get_num_threads()}};
+                        {"torch_threads", at::get_num_threads()},
+                        {"blas_threads", pi0::thread_counts().blas}};
   std::ofstream(a.out) << out.dump(2) << "\n";
   fs::remove_all(run_dir);
   return 0;
@@ -287,12 +289,12 @@ int run_parent(Args a) {
   std::printf("# bench_train\n\nconfig %s (%s, prefix width %lld, expert width %lld, depth %lld, SigLIP %s at %lld)\n",
               a.config.c_str(), mopts.pi05 ? "pi05" : "pi0", static_cast<long long>(mopts.paligemma.width),
               static_cast<long long>(mopts.action_expert.width), static_cast<long long>(mopts.paligemma.depth),
-              cfg0.model.siglip_variant.c_str(), static_cast<long long>(cfg0.model.image_size));
+              cfg0.model.siglip_variant.describe().c_str(), static_cast<long long>(cfg0.model.image_size));
   std::printf("data: %lld frames, 224x224, LIBERO cameras (2 real + 1 masked slot); loader workers %lld, augment %s\n",
               static_cast<long long>(frames), static_cast<long long>(a.workers), a.augment ? "on" : "off");
   std::printf("each row: a fresh process, %d warm-up + %d timed steps (fwd+bwd+clip+AdamW+EMA), median and best step\n"
-              "threads: at::get_num_threads()=%d in the parent\n\n",
-              a.warmup, a.steps, at::get_num_threads());
+              "%s in the parent; children use --threads %d (0 = the same default)\n\n",
+              a.warmup, a.steps, pi0::set_num_threads(a.threads).describe().c_str(), a.threads);
   const bool gpu = torch::Device(a.device).is_cuda();
   std::printf("| precision | grad ckpt | batch | step s (median) | step s (best) | samples/s (median) | samples/s (best) "
               "| %s | base MiB | train MiB | MFU |\n|---|---|---|---|---|---|---|---|---|---|---|\n",

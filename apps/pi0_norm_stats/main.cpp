@@ -39,7 +39,8 @@ std::vector<bool> bool_mask(const std::string& s) {
 const char* kUsage =
     "usage: pi0-norm-stats --config run.yaml [--set section.key=value ...] [--out norm_stats.json]\n"
     "       pi0-norm-stats --format libero|aloha --data <file|dir|glob>[,...] --out norm_stats.json\n"
-    "                      [--action-horizon H] [--state-keys a,b] [--action-key k] [--delta-mask 6,-1] [--bins N]\n";
+    "                      [--action-horizon H] [--state-keys a,b] [--action-key k] [--delta-mask 6,-1] [--bins N]\n"
+    "                      [--adapt-to-pi auto|true|false]   (ALOHA convention conversion; auto = on for aloha)\n";
 
 }  // namespace
 
@@ -65,6 +66,7 @@ int main(int argc, char** argv) {
       else if (a == "--action-key") opt.action_key = value();
       else if (a == "--delta-mask") stats_opt.delta_action_mask = bool_mask(value());
       else if (a == "--bins") stats_opt.num_bins = std::stoll(value());
+      else if (a == "--adapt-to-pi") opt.adapt_to_pi = value();
       else if (a == "-h" || a == "--help") { std::cout << kUsage; return 0; }
       else throw pi0::UserError("unknown flag " + a + "\n" + kUsage);
     }

@@ -13,6 +13,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/common/logging.h"
+#include "pi0/common/threads.h"
 #include "pi0/config/config.h"
 #include "pi0/dist/dist_env.h"
 #include "pi0/dist/process_group.h"
@@ -90,6 +91,8 @@ int main(int argc, char** argv) {
                                                                     std::chrono::seconds(cfg.dist.timeout_s));
     }
     spdlog::info("resolved config ({}):\n{}", args.config, YAML::Dump(pi0::config::to_yaml(cfg)));
+    spdlog::info("{} (train.num_threads {})", pi0::set_num_threads(static_cast<int>(cfg.train.num_threads)).describe(),
+                 cfg.train.num_threads);
     pi0::train::Trainer trainer(cfg, run);
     trainer.run();
     return 0;

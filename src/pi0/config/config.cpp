@@ -48,6 +48,8 @@ void parse(const YAML::Node& n, std::string& out, const std::string& src, const 
 }
 template <class T>
 void parse(const YAML::Node& n, std::vector<T>& out, const std::string& src, const std::string& key);
+void parse(const YAML::Node& n, GemmaSpec& out, const std::string& src, const std::string& key);
+void parse(const YAML::Node& n, SiglipSpec& out, const std::string& src, const std::string& key);
 void parse(const YAML::Node& n, std::map<std::string, std::string>& out, const std::string& src,
            const std::string& key) {
   if (!n.IsMap()) type_error(src, key, n, "a mapping of names to strings");
@@ -120,6 +122,34 @@ void parse(const YAML::Node& n, std::vector<T>& out, const std::string& src, con
   }
 }
 
+// A model part: a variant name (scalar) or a map of dimensions, read with the same strict reader (unknown keys
+// rejected with a did-you-mean); every dimension except LoRA's must be given.
+template <class Spec>
+void parse_spec(const YAML::Node& n, Spec& out, const std::string& src, const std::string& key,
+                const std::vector<std::string>& required) {
+  if (n.IsScalar()) {
+    out = Spec(scalar_as<std::string>(n, src, key, "a variant name or a map of dimensions"));
+    return;
+  }
+  if (!n.IsMap()) type_error(src, key, n, "a variant name or a map of dimensions");
+  Spec s;
+  s.variant.clear();
+  Reader::read_struct(n, s, key + ".", src);
+  std::string all;
+  for (const auto& r : required) all += (all.empty() ? "" : ", ") + r;
+  for (const auto& r : required) {
+    if (!n[r]) throw UserError(src + ": " + key + "." + r + " is missing (explicit dimensions need all of " + all + ")");
+  }
+  out = s;
+}
+
+void parse(const YAML::Node& n, GemmaSpec& out, const std::string& src, const std::string& key) {
+  parse_spec(n, out, src, key, {"width", "depth", "mlp_dim", "num_heads", "num_kv_heads", "head_dim"});
+}
+void parse(const YAML::Node& n, SiglipSpec& out, const std::string& src, const std::string& key) {
+  parse_spec(n, out, src, key, {"width", "depth", "mlp_dim", "num_heads", "patch_size"});
+}
+
 // Writes fields back to YAML.
 struct Writer {
   YAML::Node node{YAML::NodeType::Map};
@@ -147,6 +177,24 @@ struct Writer {
     for (const auto& s : v) n.push_back(s);
     return n;
   }
+  template <class Spec>
+  static YAML::Node encode_spec(const Spec& spec) {
+    if (spec.is_named()) return YAML::Node(spec.variant);
+    Writer w;
+    auto copy = spec;
+    copy.visit(w);
+    w.node.SetStyle(YAML::EmitterStyle::Flow);
+    return w.node;
+  }
+  static YAML::Node encode(const GemmaSpec& v) {
+    auto n = encode_spec(v);
+    if (!v.is_named() && v.lora_rank == 0 && v.lora_alpha == 0) {  // no LoRA: keep the map to the dimensions
+      n.remove("lora_rank");
+      n.remove("lora_alpha");
+    }
+    return n;
+  }
+  static YAML::Node encode(const SiglipSpec& v) { return encode_spec(v); }
 };
 
 // Collects (key, default, doc) for the reference.
@@ -204,6 +252,8 @@ void require(bool ok, const std::string& key, const T& value, const std::string&
 
 }  // namespace
 
+std::string GemmaSpec::describe() const { return scalar_text(Writer::encode(*this)); }
+std::string SiglipSpec::describe() const { return scalar_text(Writer::encode(*this)); }
 
 Config parse_config(const YAML::Node& input, const std::string& source, const std::vector<std::string>& overrides) {
   YAML::Node root = input && !input.IsNull() ? YAML::Clone(input) : YAML::Node(YAML::NodeType::Map);
@@ -236,10 +286,37 @@ void validate(const Config& c) {
   require(m.action_dim > 0, "model.action_dim", m.action_dim, "> 0");
   require(m.action_horizon > 0, "model.action_horizon", m.action_horizon, "> 0");
   require(m.max_token_len >= 0, "model.max_token_len", m.max_token_len, ">= 0 (0 = model default)");
+  for (const auto& [key, g] : {std::pair<std::string, const GemmaSpec*>{"model.paligemma_variant", &m.paligemma_variant},
+                               {"model.action_expert_variant", &m.action_expert_variant}}) {
+    if (g->is_named()) continue;
+    require(g->width > 0, key + ".width", g->width, "> 0");
+    require(g->depth > 0, key + ".depth", g->depth, "> 0");
+    require(g->mlp_dim > 0, key + ".mlp_dim", g->mlp_dim, "> 0");
+    require(g->num_heads > 0, key + ".num_heads", g->num_heads, "> 0");
+    require(g->num_kv_heads > 0, key + ".num_kv_heads", g->num_kv_heads, "> 0");
+    require(g->num_heads % g->num_kv_heads == 0, key + ".num_heads", g->num_heads,
+            "a multiple of num_kv_heads (" + std::to_string(g->num_kv_heads) + ")");
+    require(g->head_dim > 0 && g->head_dim % 2 == 0, key + ".head_dim", g->head_dim, "> 0 and even (RoPE)");
+    require(g->lora_rank >= 0, key + ".lora_rank", g->lora_rank, ">= 0 (0 = no LoRA)");
+    require(g->lora_rank == 0 || g->lora_alpha > 0, key + ".lora_alpha", g->lora_alpha, "> 0 when lora_rank > 0");
+  }
+  if (!m.siglip_variant.is_named()) {
+    const auto& v = m.siglip_variant;
+    const std::string key = "model.siglip_variant";
+    require(v.width > 0, key + ".width", v.width, "> 0");
+    require(v.depth > 0, key + ".depth", v.depth, "> 0");
+    require(v.mlp_dim > 0, key + ".mlp_dim", v.mlp_dim, "> 0");
+    require(v.num_heads > 0, key + ".num_heads", v.num_heads, "> 0");
+    require(v.width % v.num_heads == 0, key + ".width", v.width,
+            "a multiple of num_heads (" + std::to_string(v.num_heads) + ")");
+    require(v.patch_size > 0, key + ".patch_size", v.patch_size, "> 0");
+  }
   const auto& d = c.data.dataset;
   require(c.model.attention == "auto" || c.model.attention == "explicit" || c.model.attention == "sdpa",
           "model.attention", "'" + c.model.attention + "'", "auto, explicit or sdpa");
   require(d.format == "libero" || d.format == "aloha", "data.dataset.format", "'" + d.format + "'", "libero or aloha");
+  require(d.adapt_to_pi == "auto" || d.adapt_to_pi == "true" || d.adapt_to_pi == "false", "data.dataset.adapt_to_pi",
+          "'" + d.adapt_to_pi + "'", "auto, true or false");
   require(c.data.num_workers >= 0, "data.num_workers", c.data.num_workers, ">= 0");
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, ">= 1");
   const auto& t = c.train;
@@ -265,6 +342,7 @@ void validate(const Config& c) {
   require(t.ema_decay >= 0 && t.ema_decay < 1, "train.ema_decay", t.ema_decay, "in [0, 1) (0 = off)");
   require(t.max_nonfinite_skips >= 0, "train.max_nonfinite_skips", t.max_nonfinite_skips, ">= 0");
   require(t.log_interval > 0, "train.log_interval", t.log_interval, "> 0");
+  require(t.num_threads >= 0, "train.num_threads", t.num_threads, ">= 0 (0 = OMP_NUM_THREADS or all cores)");
   const auto& k = c.checkpoint;
   require(!k.run_dir.empty(), "checkpoint.run_dir", "''", "a directory path");
   require(k.save_interval > 0, "checkpoint.save_interval", k.save_interval, "> 0");

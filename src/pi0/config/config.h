@@ -7,17 +7,78 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
 
 namespace pi0::config {
 
+/// A Gemma expert in model.paligemma_variant / model.action_expert_variant: either a named variant (YAML scalar,
+/// e.g. `gemma_300m`) or explicit dimensions (YAML map, e.g. `{width: 40, depth: 4, mlp_dim: 88, num_heads: 8,
+/// num_kv_heads: 1, head_dim: 16}`) for experts that are no named variant.
+struct GemmaSpec {
+  std::string variant;       // named variant; empty when the dimensions below are explicit
+  int64_t width = 0;         // model width, e.g. 1024
+  int64_t depth = 0;         // layers, e.g. 18
+  int64_t mlp_dim = 0;       // GeGLU hidden width, e.g. 4096
+  int64_t num_heads = 0;     // query heads, e.g. 8
+  int64_t num_kv_heads = 0;  // key/value heads, e.g. 1
+  int64_t head_dim = 0;      // e.g. 256
+  int64_t lora_rank = 0;     // > 0: LoRA on the attention and MLP projections
+  double lora_alpha = 0.0;   // LoRA scaling = lora_alpha / lora_rank
+
+  GemmaSpec() = default;
+  GemmaSpec(const char* name) : variant(name) {}  // NOLINT: a name reads naturally as a spec
+  GemmaSpec(std::string name) : variant(std::move(name)) {}  // NOLINT
+  bool is_named() const { return !variant.empty(); }
+  /// The variant name, or the dimensions as "{width: 40, depth: 4, ...}" (for messages).
+  std::string describe() const;
+
+  template <class V>
+  void visit(V& v) {
+    v("width", width, "model width");
+    v("depth", depth, "number of layers");
+    v("mlp_dim", mlp_dim, "GeGLU hidden width");
+    v("num_heads", num_heads, "query heads");
+    v("num_kv_heads", num_kv_heads, "key/value heads");
+    v("head_dim", head_dim, "dimension of one head");
+    v("lora_rank", lora_rank, "LoRA rank (0 = no LoRA)");
+    v("lora_alpha", lora_alpha, "LoRA alpha");
+  }
+};
+
+/// The SigLIP tower in model.siglip_variant: a named variant (`So400m/14`) or explicit dimensions
+/// (`{width: 48, depth: 2, mlp_dim: 96, num_heads: 4, patch_size: 14}`).
+struct SiglipSpec {
+  std::string variant;      // named variant; empty when the dimensions below are explicit
+  int64_t width = 0;        // e.g. 1152
+  int64_t depth = 0;        // e.g. 27
+  int64_t mlp_dim = 0;      // e.g. 4304
+  int64_t num_heads = 0;    // e.g. 16 (width must be a multiple)
+  int64_t patch_size = 0;   // e.g. 14
+
+  SiglipSpec() = default;
+  SiglipSpec(const char* name) : variant(name) {}  // NOLINT
+  SiglipSpec(std::string name) : variant(std::move(name)) {}  // NOLINT
+  bool is_named() const { return !variant.empty(); }
+  std::string describe() const;
+
+  template <class V>
+  void visit(V& v) {
+    v("width", width, "model width");
+    v("depth", depth, "number of layers");
+    v("mlp_dim", mlp_dim, "MLP hidden width");
+    v("num_heads", num_heads, "attention heads");
+    v("patch_size", patch_size, "square patch side in pixels");
+  }
+};
+
 struct ModelConfig {
   std::string type = "pi0";                          // pi0 | pi05
-  std::string paligemma_variant = "gemma_2b";
-  std::string action_expert_variant = "gemma_300m";
-  std::string siglip_variant = "So400m/14";
+  GemmaSpec paligemma_variant = "gemma_2b";
+  GemmaSpec action_expert_variant = "gemma_300m";
+  SiglipSpec siglip_variant = "So400m/14";
   int64_t vocab_size = 257152;
   int64_t image_size = 224;
   int64_t action_dim = 32;
@@ -28,9 +89,9 @@ struct ModelConfig {
   template <class V>
   void visit(V& v) {
     v("type", type, "model family: pi0 (state token, action-time MLP) or pi05 (adaRMS time conditioning)");
-    v("paligemma_variant", paligemma_variant, "prefix Gemma: gemma_2b, gemma_2b_lora or dummy");
-    v("action_expert_variant", action_expert_variant, "action expert Gemma: gemma_300m, gemma_300m_lora or dummy");
-    v("siglip_variant", siglip_variant, "vision tower: So400m/14 (released models), small/14, tiny/14");
+    v("paligemma_variant", paligemma_variant, "prefix Gemma: gemma_2b, gemma_2b_lora, dummy, or a map of dimensions (docs/config.md)");
+    v("action_expert_variant", action_expert_variant, "action expert Gemma: gemma_300m, gemma_300m_lora, dummy, or a map of dimensions (docs/config.md)");
+    v("siglip_variant", siglip_variant, "vision tower: So400m/14 (released models), small/14, tiny/14, or a map of dimensions");
     v("vocab_size", vocab_size, "rows of the token embedding (257152 for PaliGemma; smaller for tiny tokenizers)");
     v("image_size", image_size, "square image side fed to SigLIP, a multiple of the patch size (224)");
     v("action_dim", action_dim, "state and actions are zero-padded to this many dims (32)");
@@ -47,6 +108,10 @@ struct DatasetConfig {
   std::vector<std::string> state_keys;       // empty = format default
   std::string action_key;                    // empty = format default
   std::string prompt;                        // empty = from the file's attributes
+  std::string adapt_to_pi = "auto";          // auto | true | false; auto = true for aloha, false for libero
+
+  /// adapt_to_pi resolved against the format (auto → format == "aloha").
+  bool adapt_to_pi_enabled() const { return adapt_to_pi == "auto" ? format == "aloha" : adapt_to_pi == "true"; }
 
   template <class V>
   void visit(V& v) {
@@ -56,6 +121,7 @@ struct DatasetConfig {
     v("state_keys", state_keys, "dataset keys concatenated into the state vector; empty = format default");
     v("action_key", action_key, "dataset key of the actions; empty = format default");
     v("prompt", prompt, "task instruction; empty = read from the file (e.g. LIBERO problem_info)");
+    v("adapt_to_pi", adapt_to_pi, "ALOHA joint flips and gripper linear→angular as openpi trains (auto = on for aloha)");
   }
 };
 
@@ -103,6 +169,7 @@ struct TrainConfig {
   double ema_decay = 0.99;
   int64_t max_nonfinite_skips = 0;
   int64_t log_interval = 100;
+  int64_t num_threads = 0;
 
   template <class V>
   void visit(V& v) {
@@ -129,6 +196,7 @@ struct TrainConfig {
     v("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
     v("max_nonfinite_skips", max_nonfinite_skips, "optimizer steps with a non-finite loss/grad norm that may be skipped before the run stops");
     v("log_interval", log_interval, "steps between progress lines and metrics records");
+    v("num_threads", num_threads, "CPU threads of ATen, OpenMP and the BLAS together; 0 = OMP_NUM_THREADS or all cores");
   }
 };
 

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/data/aloha.h"
 #include "pi0/data/hdf5_file.h"
 #include "pi0/data/jpeg.h"
 #include "pi0/model/observation.h"
@@ -27,6 +28,7 @@ DatasetOptions DatasetOptions::resolved() const {
     if (o.state_keys.empty()) o.state_keys = {"ee_states", "gripper_states"};
     if (o.action_key.empty()) o.action_key = "actions";
     if (o.flip_images == "auto") o.flip_images = "true";
+    if (o.adapt_to_pi == "auto") o.adapt_to_pi = "false";
   } else if (o.format == "aloha") {
     if (o.cameras.empty())
       o.cameras = {{"base_0_rgb", "cam_high"}, {"left_wrist_0_rgb", "cam_left_wrist"},
@@ -34,11 +36,14 @@ DatasetOptions DatasetOptions::resolved() const {
     if (o.state_keys.empty()) o.state_keys = {"qpos"};
     if (o.action_key.empty()) o.action_key = "action";
     if (o.flip_images == "auto") o.flip_images = "false";
+    if (o.adapt_to_pi == "auto") o.adapt_to_pi = "true";
   } else {
     throw UserError("dataset.format: got '" + o.format + "', expected 'libero' or 'aloha'");
   }
   if (o.flip_images != "true" && o.flip_images != "false")
     throw UserError("dataset.flip_images: got '" + o.flip_images + "', expected auto, true or false");
+  if (o.adapt_to_pi != "true" && o.adapt_to_pi != "false")
+    throw UserError("dataset.adapt_to_pi: got '" + o.adapt_to_pi + "', expected auto, true or false");
   if (o.action_horizon < 1)
     throw UserError("dataset.action_horizon: got " + std::to_string(o.action_horizon) + ", expected >= 1");
   for (const auto& [slot, key] : o.cameras) {
@@ -228,6 +233,11 @@ void RobotDataset::add_episode(int64_t file_index, const std::string& group, con
   }
   ep.state = torch::cat(parts, 1).contiguous();
   ep.actions = ep.actions.contiguous();
+  if (options_.adapt_to_pi == "true") {
+    ep.state = aloha_state_to_pi(ep.state, f.path() + ": " + root + " state (data.dataset.adapt_to_pi)").contiguous();
+    ep.actions = aloha_actions_to_pi(ep.actions, f.path() + ": key " + action_path + " (data.dataset.adapt_to_pi)")
+                     .contiguous();
+  }
 
   if (state_dim_ < 0) state_dim_ = ep.state.size(1);
   if (action_dim_ < 0) action_dim_ = ep.actions.size(1);

@@ -44,6 +44,10 @@ struct DatasetOptions {
   /// Rotate frames 180° on read. Default ("auto"): true for libero (its frames are stored upside down and openpi
   /// trained on rotated ones), false for aloha.
   std::string flip_images = "auto";
+  /// openpi's adapt_to_pi (data/aloha.h): state and actions converted to pi0's joint and gripper convention on
+  /// read, so everything downstream (delta actions, norm stats, training) sees them. Default ("auto"): true for
+  /// aloha, false for libero.
+  std::string adapt_to_pi = "auto";
   /// Keep only the first N episodes (0 = all); for quick experiments.
   int64_t max_episodes = 0;
 

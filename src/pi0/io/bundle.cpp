@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/data/aloha.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
@@ -41,11 +42,22 @@ void write_text(const fs::path& path, const std::string& text) {
   if (!out) throw UserError(path.string() + ": cannot write file");
 }
 
-std::string strip_lora(const std::string& variant) {
+// The expert without LoRA (what a merged export holds): "_lora" dropped from a name, rank 0 for explicit dims.
+config::GemmaSpec strip_lora(config::GemmaSpec spec) {
   const std::string suffix = "_lora";
-  if (variant.size() > suffix.size() && variant.compare(variant.size() - suffix.size(), suffix.size(), suffix) == 0)
-    return variant.substr(0, variant.size() - suffix.size());
-  return variant;
+  auto& v = spec.variant;
+  if (v.size() > suffix.size() && v.compare(v.size() - suffix.size(), suffix.size(), suffix) == 0)
+    v = v.substr(0, v.size() - suffix.size());
+  spec.lora_rank = 0;
+  spec.lora_alpha = 0.0;
+  return spec;
+}
+
+// A model part in config.json: the variant name, or the dimensions as an object.
+nlohmann::json spec_json(const config::GemmaSpec& s) {
+  if (s.is_named()) return s.variant;
+  return {{"width", s.width}, {"depth", s.depth}, {"mlp_dim", s.mlp_dim}, {"num_heads", s.num_heads},
+          {"num_kv_heads", s.num_kv_heads}, {"head_dim", s.head_dim}};
 }
 
 // The assets/<asset_id>/ folder of a checkpoint: the configured id, else the only folder there.
@@ -154,10 +166,11 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     const auto& o = model->options();
     nlohmann::json cj = {{"action_dim", o.action_dim},
                          {"action_horizon", o.action_horizon},
-                         {"paligemma_variant", bundle_cfg.model.paligemma_variant},
-                         {"action_expert_variant", bundle_cfg.model.action_expert_variant},
+                         {"paligemma_variant", spec_json(bundle_cfg.model.paligemma_variant)},
+                         {"action_expert_variant", spec_json(bundle_cfg.model.action_expert_variant)},
                          {"precision", options.dtype == torch::kBFloat16 ? "bfloat16" : "float32"},
                          {"pi05", o.pi05},
+                         {"adapt_to_pi", bundle_cfg.data.dataset.adapt_to_pi_enabled()},
                          {"max_token_len", o.max_token_len},
                          {"image_size", o.siglip.image_size},
                          {"asset_id", asset_id},
@@ -259,6 +272,8 @@ InferenceInputs make_inference_inputs(const Bundle& bundle, const std::map<std::
                     std::to_string(t.action_dim));
   InferenceInputs in;
   in.raw_state = state.to(torch::kFloat32).contiguous();
+  if (bundle.config.data.dataset.adapt_to_pi_enabled())
+    in.raw_state = data::aloha_state_to_pi(in.raw_state, source + ": 'state' (the bundle was trained with adapt_to_pi)");
   const std::string stats_src = bundle.norm_stats.source.empty() ? "norm stats" : bundle.norm_stats.source;
   torch::Tensor norm_state =
       mode == data::NormMode::kNone
@@ -361,6 +376,7 @@ torch::Tensor robot_actions(const Bundle& bundle, const torch::Tensor& actions_B
       per.push_back(data::absolute_actions(a[b], raw_state_BS[b].to(torch::kFloat32), t.delta_action_mask));
     a = torch::stack(per);
   }
+  if (bundle.config.data.dataset.adapt_to_pi_enabled()) a = data::aloha_actions_from_pi(a, "the model's actions");
   return a.contiguous();
 }
 

@@ -64,7 +64,7 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device = torch::
 /// Model inputs built from an observation file's tensors, plus the raw state kept for unnormalizing.
 struct InferenceInputs {
   model::Observation observation;  ///< on CPU
-  torch::Tensor raw_state;         ///< [B,S] float32, as given
+  torch::Tensor raw_state;         ///< [B,S] float32, as given (in pi0's convention when the bundle uses adapt_to_pi)
 };
 
 /// Builds the model's observation from `tensors` (keys `image/<camera>`, `image_mask/<camera>`, `state`,
@@ -78,7 +78,8 @@ InferenceInputs make_inference_inputs(const Bundle& bundle, const std::map<std::
 
 /// Model-space actions [B,H,A] → robot actions [B,H,D] (D = dim of the norm stats' `actions`): unnormalized with
 /// the bundle's stats and, if the model was trained on delta actions (data.delta_action_mask), made absolute
-/// again w.r.t. `raw_state` [B,S] (openpi's output transforms: Unnormalize, then AbsoluteActions).
+/// again w.r.t. `raw_state` [B,S], then converted back to ALOHA's convention when the model was trained with
+/// data.dataset.adapt_to_pi (openpi's output transforms: Unnormalize, AbsoluteActions, AlohaOutputs).
 torch::Tensor robot_actions(const Bundle& bundle, const torch::Tensor& actions_BHA, const torch::Tensor& raw_state_BS);
 
 }  // namespace pi0::io

@@ -3,25 +3,55 @@
 #include "pi0/common/check.h"
 
 namespace pi0::model {
+namespace {
+
+GemmaOptions gemma_from_spec(const std::string& key, const config::GemmaSpec& s) {
+  if (s.is_named()) {
+    try {
+      return gemma_variant(s.variant);
+    } catch (const UserError& e) {
+      throw UserError(key + ": " + e.what());
+    }
+  }
+  GemmaOptions o;
+  o.width = s.width;
+  o.depth = s.depth;
+  o.mlp_dim = s.mlp_dim;
+  o.num_heads = s.num_heads;
+  o.num_kv_heads = s.num_kv_heads;
+  o.head_dim = s.head_dim;
+  o.lora_rank = s.lora_rank;
+  o.lora_alpha = s.lora_alpha;
+  o.vocab_size = kPaligemmaVocabSize;
+  return o;
+}
+
+SiglipOptions siglip_from_spec(const config::SiglipSpec& s) {
+  if (s.is_named()) {
+    try {
+      return siglip_variant(s.variant);
+    } catch (const UserError& e) {
+      throw UserError(std::string("model.siglip_variant: ") + e.what());
+    }
+  }
+  SiglipOptions o;
+  o.width = s.width;
+  o.depth = s.depth;
+  o.mlp_dim = s.mlp_dim;
+  o.num_heads = s.num_heads;
+  o.patch_size = s.patch_size;
+  return o;
+}
+
+}  // namespace
 
 Pi0Options options_from_config(const config::ModelConfig& m) {
   Pi0Options o;
   o.pi05 = m.type == "pi05";
-  auto variant = [](const std::string& key, const std::string& name) {
-    try {
-      return gemma_variant(name);
-    } catch (const UserError& e) {
-      throw UserError(key + ": " + e.what());
-    }
-  };
-  o.paligemma = variant("model.paligemma_variant", m.paligemma_variant);
+  o.paligemma = gemma_from_spec("model.paligemma_variant", m.paligemma_variant);
   o.paligemma.vocab_size = m.vocab_size;
-  o.action_expert = variant("model.action_expert_variant", m.action_expert_variant);
-  try {
-    o.siglip = siglip_variant(m.siglip_variant);
-  } catch (const UserError& e) {
-    throw UserError(std::string("model.siglip_variant: ") + e.what());
-  }
+  o.action_expert = gemma_from_spec("model.action_expert_variant", m.action_expert_variant);
+  o.siglip = siglip_from_spec(m.siglip_variant);
   if (m.image_size % o.siglip.patch_size != 0) {
     throw UserError("model.image_size must be a multiple of the SigLIP patch size " +
                     std::to_string(o.siglip.patch_size) + " (got " + std::to_string(m.image_size) + ")");
@@ -32,10 +62,18 @@ Pi0Options options_from_config(const config::ModelConfig& m) {
   o.max_token_len = m.max_token_len > 0 ? m.max_token_len : (o.pi05 ? 200 : 48);
   const auto& p = o.paligemma;
   const auto& e = o.action_expert;
-  if (p.depth != e.depth || p.head_dim != e.head_dim || p.num_heads != e.num_heads ||
-      p.num_kv_heads != e.num_kv_heads) {
-    throw UserError("model.paligemma_variant '" + m.paligemma_variant + "' and model.action_expert_variant '" +
-                    m.action_expert_variant + "' must share depth, heads and head_dim (joint attention)");
+  // Joint attention: both experts' queries, keys and values meet in one attention per layer.
+  const std::pair<const char*, std::pair<int64_t, int64_t>> shared[] = {{"depth", {p.depth, e.depth}},
+                                                                        {"num_heads", {p.num_heads, e.num_heads}},
+                                                                        {"num_kv_heads", {p.num_kv_heads, e.num_kv_heads}},
+                                                                        {"head_dim", {p.head_dim, e.head_dim}}};
+  for (const auto& [name, values] : shared) {
+    if (values.first != values.second) {
+      throw UserError("model.action_expert_variant " + m.action_expert_variant.describe() + " must have the " + name +
+                      " of model.paligemma_variant " + m.paligemma_variant.describe() + " (got " +
+                      std::to_string(values.second) + ", expected " + std::to_string(values.first) +
+                      "; joint attention needs equal depth, num_heads, num_kv_heads and head_dim)");
+    }
   }
   return o;
 }

@@ -17,6 +17,7 @@ data::DatasetOptions dataset_options(const config::Config& cfg) {
   o.state_keys = d.state_keys;
   o.action_key = d.action_key;
   o.prompt = d.prompt;
+  o.adapt_to_pi = d.adapt_to_pi;
   o.action_horizon = cfg.model.action_horizon;
   return o;
 }

@@ -212,10 +212,6 @@ int64_t Trainer::run() {
                  data_.dataset->size(), device_.str());
   }
 
-  std::vector<torch::Tensor> trainable_params;
-  for (const auto& [name, p] : optimizer_->params()) trainable_params.push_back(p);
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
-  const double max_norm = t.clip_grad_norm > 0 ? t.clip_grad_norm : std::numeric_limits<double>::infinity();
   auto interval_start = Clock::now();
   const int64_t first_step = step_;
   double interval_loss = 0;
@@ -224,58 +220,15 @@ int64_t Trainer::run() {
 
   while (step_ < t.num_steps) {
     const double lr = warmup_cosine_lr(step_, t.lr_warmup_steps, t.lr_peak, t.lr_decay_steps, t.lr_end);
-    double loss_sum = 0;
-    for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) {
-      if (reducer_) reducer_->enable_sync(micro + 1 == t.grad_accum_steps);  // all-reduce on the last only
-      auto batch = data_.loader->next();
-      // Batches come pinned on CUDA (LoaderOptions::pin_memory): the copies overlap with queued GPU work.
-      const bool async = device_.is_cuda();
-      const auto obs = batch.observation.to(device_, async);
-      const auto actions = batch.actions.to(device_, async);
-      const int64_t b = actions.size(0);
-      // Noise and time come from the trainer's own generator so a resumed run draws the same values. Every rank
-      // draws them for the global micro-batch and keeps its own slice, like its slice of the data.
-      auto noise_shape = actions.sizes().vec();
-      noise_shape[0] = b * options_.world_size;
-      auto noise = torch::randn(noise_shape, rng_, f32).narrow(0, options_.rank * b, b).to(device_);
-      auto time = (torch::rand({b * options_.world_size}, rng_, f32).narrow(0, options_.rank * b, b).pow(1.0 / 1.5) *
-                       0.999 + 0.001).to(device_);
-      auto loss = model_->compute_loss(obs, actions, noise, time).mean();
-      (loss / static_cast<double>(t.grad_accum_steps)).backward();
-      loss_sum += loss.item<double>();
+    std::vector<model::Batch> micro_batches;
+    for (int64_t micro = 0; micro < t.grad_accum_steps; ++micro) micro_batches.push_back(data_.loader->next());
+    const StepResult result = train_step(micro_batches, lr);
+    const double loss_value = result.loss, grad_norm = result.grad_norm;
+    const bool stop = result.stop;
+    if (result.skipped) {
+      ++step_;
+      continue;
     }
-    if (reducer_) reducer_->wait();  // gradients are now the mean over ranks, identical everywhere
-    nn::clear_cast_cache(*model_);   // the step's bf16 weight copies: the optimizer is about to change the weights
-    const double loss_value = loss_sum / static_cast<double>(t.grad_accum_steps);
-    const double grad_norm = clip_grad_norm(trainable_params, max_norm);
-    // Decisions every rank must take alike: a non-finite loss on any rank, a stop signal on any rank.
-    bool loss_finite = std::isfinite(loss_value);
-    bool stop = stop_requested();
-    if (pg_) {
-      auto flags = torch::tensor({loss_finite ? 0.0 : 1.0, stop ? 1.0 : 0.0}, f32);
-      pg_->all_reduce_sum(flags, "step flags (non-finite loss, stop signal)");
-      loss_finite = flags[0].item<double>() == 0;
-      stop = flags[1].item<double>() > 0;
-    }
-    if (!loss_finite || !std::isfinite(grad_norm)) {
-      if (nonfinite_skips_ < t.max_nonfinite_skips) {
-        ++nonfinite_skips_;
-        spdlog::warn("step {} on rank {}: non-finite loss ({}) or gradient norm ({}); update skipped ({} of {} "
-                     "allowed by train.max_nonfinite_skips)",
-                     step_ + 1, options_.rank, loss_value, grad_norm, nonfinite_skips_, t.max_nonfinite_skips);
-        optimizer_->zero_grad();
-        ++step_;
-        continue;
-      }
-      throw TrainingError("non-finite " + std::string(loss_finite ? "gradient norm" : "loss") +
-                          " at step " + std::to_string(step_ + 1) + " on rank " + std::to_string(options_.rank) +
-                          " (loss " + std::to_string(loss_value) + ", grad norm " + std::to_string(grad_norm) +
-                          "); stopped before the optimizer step. Look for near-constant dimensions in " +
-                          "data.norm_stats, lower train.lr_peak, or allow skips with train.max_nonfinite_skips");
-    }
-    optimizer_->step(lr);
-    optimizer_->zero_grad();
-    if (ema_) ema_->update();
     ++step_;
     interval_loss += loss_value;
     ++interval_steps;
@@ -324,6 +277,80 @@ int64_t Trainer::run() {
   }
   if (rank0 && step_ == first_step) spdlog::info("nothing to do: already at step {}", step_);
   return step_;
+}
+
+StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, double lr,
+                               const std::optional<StepNoise>& noise_time) {
+  const auto& t = cfg_.train;
+  const int64_t n_micro = static_cast<int64_t>(micro_batches.size());
+  PI0_CHECK(n_micro == t.grad_accum_steps, "train_step: expected ", t.grad_accum_steps, " micro-batches, got ", n_micro);
+  PI0_CHECK(!noise_time || (static_cast<int64_t>(noise_time->noise.size()) == n_micro &&
+                            static_cast<int64_t>(noise_time->time.size()) == n_micro),
+            "train_step: one noise and one time tensor per micro-batch expected");
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  StepResult result;
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < n_micro; ++micro) {
+    if (reducer_) reducer_->enable_sync(micro + 1 == n_micro);  // all-reduce on the last only
+    const auto& batch = micro_batches[static_cast<size_t>(micro)];
+    // Batches come pinned on CUDA (LoaderOptions::pin_memory): the copies overlap with queued GPU work.
+    const bool async = device_.is_cuda();
+    const auto obs = batch.observation.to(device_, async);
+    const auto actions = batch.actions.to(device_, async);
+    const int64_t b = actions.size(0);
+    torch::Tensor noise, time;
+    if (noise_time) {
+      noise = noise_time->noise[static_cast<size_t>(micro)].to(device_, torch::kFloat32);
+      time = noise_time->time[static_cast<size_t>(micro)].to(device_, torch::kFloat32);
+    } else {
+      // Noise and time come from the trainer's own generator so a resumed run draws the same values. Every rank
+      // draws them for the global micro-batch and keeps its own slice, like its slice of the data.
+      auto noise_shape = actions.sizes().vec();
+      noise_shape[0] = b * options_.world_size;
+      noise = torch::randn(noise_shape, rng_, f32).narrow(0, options_.rank * b, b).to(device_);
+      time = (torch::rand({b * options_.world_size}, rng_, f32).narrow(0, options_.rank * b, b).pow(1.0 / 1.5) *
+                  0.999 + 0.001).to(device_);
+    }
+    auto loss = model_->compute_loss(obs, actions, noise, time).mean();
+    (loss / static_cast<double>(n_micro)).backward();
+    loss_sum += loss.item<double>();
+  }
+  if (reducer_) reducer_->wait();  // gradients are now the mean over ranks, identical everywhere
+  nn::clear_cast_cache(*model_);   // the step's bf16 weight copies: the optimizer is about to change the weights
+  result.loss = loss_sum / static_cast<double>(n_micro);
+  const double max_norm = t.clip_grad_norm > 0 ? t.clip_grad_norm : std::numeric_limits<double>::infinity();
+  std::vector<torch::Tensor> trainable_params;
+  for (const auto& [name, p] : optimizer_->params()) trainable_params.push_back(p);
+  result.grad_norm = clip_grad_norm(trainable_params, max_norm);
+  // Decisions every rank must take alike: a non-finite loss on any rank, a stop signal on any rank.
+  bool loss_finite = std::isfinite(result.loss);
+  result.stop = stop_requested();
+  if (pg_) {
+    auto flags = torch::tensor({loss_finite ? 0.0 : 1.0, result.stop ? 1.0 : 0.0}, f32);
+    pg_->all_reduce_sum(flags, "step flags (non-finite loss, stop signal)");
+    loss_finite = flags[0].item<double>() == 0;
+    result.stop = flags[1].item<double>() > 0;
+  }
+  if (!loss_finite || !std::isfinite(result.grad_norm)) {
+    if (nonfinite_skips_ < t.max_nonfinite_skips) {
+      ++nonfinite_skips_;
+      spdlog::warn("step {} on rank {}: non-finite loss ({}) or gradient norm ({}); update skipped ({} of {} "
+                   "allowed by train.max_nonfinite_skips)",
+                   step_ + 1, options_.rank, result.loss, result.grad_norm, nonfinite_skips_, t.max_nonfinite_skips);
+      optimizer_->zero_grad();
+      result.skipped = true;
+      return result;
+    }
+    throw TrainingError("non-finite " + std::string(loss_finite ? "gradient norm" : "loss") + " at step " +
+                        std::to_string(step_ + 1) + " on rank " + std::to_string(options_.rank) + " (loss " +
+                        std::to_string(result.loss) + ", grad norm " + std::to_string(result.grad_norm) +
+                        "); stopped before the optimizer step. Look for near-constant dimensions in " +
+                        "data.norm_stats, lower train.lr_peak, or allow skips with train.max_nonfinite_skips");
+  }
+  optimizer_->step(lr);
+  optimizer_->zero_grad();
+  if (ema_) ema_->update();
+  return result;
 }
 
 std::string Trainer::save_checkpoint() {

@@ -35,6 +35,21 @@ class TrainingError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Noise and flow-matching time of one optimizer step, given instead of drawn from the trainer's generator
+/// (parity tests replay a reference's values). One entry per micro-batch, this rank's rows.
+struct StepNoise {
+  std::vector<torch::Tensor> noise;  ///< [B,H,A] per micro-batch
+  std::vector<torch::Tensor> time;   ///< [B] per micro-batch, in (0, 1]
+};
+
+/// What one optimizer step did.
+struct StepResult {
+  double loss = 0.0;       ///< mean flow-matching loss over the micro-batches (this rank), before the update
+  double grad_norm = 0.0;  ///< global gradient norm before clipping
+  bool skipped = false;    ///< non-finite loss or gradient norm: no update (allowed by train.max_nonfinite_skips)
+  bool stop = false;       ///< a stop signal reached some rank (checked alongside the loss, in one collective)
+};
+
 /// Trainable-parameter breakdown of the configured model computed from shapes only (full-size models are never
 /// allocated), under the configured freeze preset, precision and EMA setting.
 ParamBreakdown planned_breakdown(const config::Config& cfg);
@@ -48,7 +63,16 @@ class Trainer {
   /// Returns the number of completed optimizer steps.
   int64_t run();
 
+  /// One optimizer update, exactly as run() does it: forward and backward over `micro_batches` (train.grad_accum_steps
+  /// of them, this rank's slice), gradient all-reduce, clipping, the non-finite check (throws TrainingError, or
+  /// skips within train.max_nonfinite_skips), AdamW at learning rate `lr`, EMA. Noise and time are drawn from the
+  /// trainer's generator unless `noise_time` gives them. Does not advance step(); run() does.
+  StepResult train_step(const std::vector<model::Batch>& micro_batches, double lr,
+                        const std::optional<StepNoise>& noise_time = std::nullopt);
+
   model::Pi0& model() { return model_; }
+  /// The EMA of the trainable parameters (nullptr when train.ema_decay is 0).
+  const Ema* ema() const { return ema_.get(); }
   int64_t step() const { return step_; }
   const config::Config& config() const { return cfg_; }
   /// Writes a checkpoint of the current state (run() calls it at save_interval and at the end).

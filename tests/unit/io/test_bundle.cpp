@@ -43,9 +43,11 @@ struct FakeRun {
   std::map<std::string, torch::Tensor> ema;  // the subset of parameters the EMA "tracked"
 };
 
-config::Config tiny_config(const testing::TempDir& dir, bool lora) {
+// `expert`: the action expert's variant (a name or a YAML map of dimensions); empty = the prefix expert's.
+config::Config tiny_config(const testing::TempDir& dir, bool lora, const std::string& expert = "") {
   const std::string variant = lora ? "dummy_lora" : "dummy";
-  const std::string yaml = "model: {type: pi05, paligemma_variant: " + variant + ", action_expert_variant: " + variant +
+  const std::string yaml = "model: {type: pi05, paligemma_variant: " + variant +
+                           ", action_expert_variant: " + (expert.empty() ? variant : expert) +
                            ", siglip_variant: tiny/14, vocab_size: 1024, image_size: 28, action_dim: 8,"
                            " action_horizon: 4, max_token_len: 48}\n"
                            "data: {dataset: {format: libero, paths: [unused.hdf5]}, norm_stats: " +
@@ -72,9 +74,9 @@ data::NormStats tiny_stats() {
 }
 
 // A complete checkpoint at step 5 written like Trainer::save_checkpoint does (plus a newer incomplete one).
-FakeRun fake_run(const testing::TempDir& dir, bool lora, bool with_ema = true) {
+FakeRun fake_run(const testing::TempDir& dir, bool lora, bool with_ema = true, const std::string& expert = "") {
   FakeRun r;
-  r.cfg = tiny_config(dir, lora);
+  r.cfg = tiny_config(dir, lora, expert);
   data::save_norm_stats(tiny_stats(), r.cfg.data.norm_stats);
   torch::manual_seed(3);
   r.model = model::Pi0(model::options_from_config(r.cfg.model));
@@ -280,7 +282,7 @@ TEST_CASE("export_bundle merges LoRA: the bundle computes what the LoRA model co
   const auto rep = io::export_bundle(run.checkpoint, dir.str("bundle"), export_options("model"));
   CHECK(rep.lora_layers_merged > 0);
   auto bundle = io::load_bundle(dir.str("bundle"));
-  CHECK(bundle.config.model.paligemma_variant == "dummy");
+  CHECK(bundle.config.model.paligemma_variant.variant == "dummy");
   for (auto& p : bundle.model->named_parameters()) CHECK(p.key().find("lora_") == std::string::npos);
 
   run.model->eval();
@@ -313,6 +315,30 @@ TEST_CASE("SampleTiming records the prefix pass and every step without changing 
   CHECK(timing.step_ms.size() == 4);
   CHECK(timing.prefix_ms > 0.0);
   CHECK(timing.total_ms() >= timing.prefix_ms);
+}
+
+TEST_CASE("export_bundle: an action expert given by explicit dimensions, with LoRA merged", "[unit][io]") {
+  testing::TempDir dir("pi0bundle");
+  const std::string expert =
+      "{width: 40, depth: 4, mlp_dim: 88, num_heads: 8, num_kv_heads: 1, head_dim: 16, lora_rank: 4, lora_alpha: 8}";
+  auto run = fake_run(dir, /*lora=*/true, /*with_ema=*/false, expert);
+  CHECK(run.model->options().action_expert.width == 40);
+  io::export_bundle(run.checkpoint, dir.str("bundle"), export_options("model"));
+  std::ifstream cj(dir.str("bundle/config.json"));
+  const auto j = nlohmann::json::parse(cj);
+  CHECK(j.at("action_expert_variant").at("mlp_dim") == 88);
+  CHECK(!j.at("action_expert_variant").contains("lora_rank"));
+  auto bundle = io::load_bundle(dir.str("bundle"));
+  const auto& spec = bundle.config.model.action_expert_variant;
+  CHECK(!spec.is_named());
+  CHECK(spec.width == 40);
+  CHECK(spec.lora_rank == 0);  // merged
+  for (auto& p : bundle.model->named_parameters()) CHECK(p.key().find("lora_") == std::string::npos);
+  run.model->eval();
+  auto obs = testing::random_observation(run.model->options(), 2, 3, 2);
+  auto noise = torch::randn({2, 4, 8});
+  CHECK(testing::max_rel_error(bundle.model->sample_actions(obs, noise, 5), run.model->sample_actions(obs, noise, 5)) <
+        1e-5);
 }
 
 TEST_CASE("pi0-export + pi0-infer match the in-process model (actions, unnormalized actions, loss)", "[unit][io]") {

@@ -1,0 +1,27 @@
+// One CPU thread setting for everything that runs work in parallel: ATen's intra-op pool, OpenMP's default team
+// and the BLAS's own pool. LibTorch 1.13 (Debian) calls the system BLAS's sgemm_ directly, and OpenBLAS keeps its
+// own thread pool that torch::set_num_threads never reaches, so without this a "--threads 1" benchmark still ran
+// its GEMMs on every core. The BLAS controls are looked up at run time (dlsym), so other BLAS builds link fine;
+// when the BLAS is not OpenBLAS its count is reported as unknown.
+#pragma once
+#include <string>
+
+namespace pi0 {
+
+struct ThreadCounts {
+  int aten = 0;          ///< at::get_num_threads()
+  int openmp = 0;        ///< omp_get_max_threads(), 0 if OpenMP is not loaded
+  int blas = 0;          ///< openblas_get_num_threads(), 0 if the BLAS is not OpenBLAS
+  std::string blas_name; ///< "OpenBLAS <config>" or "unknown BLAS"
+
+  /// "threads: aten 2, openmp 2, blas 2 (OpenBLAS 0.3.21 ...)": one line for build-info headers.
+  std::string describe() const;
+};
+
+/// Sets ATen, OpenMP and the BLAS to `n` threads. n <= 0 keeps ATen's default (OMP_NUM_THREADS, else the core
+/// count) and makes OpenMP and the BLAS follow it, so the three always agree. Returns the effective counts.
+ThreadCounts set_num_threads(int n);
+/// The effective counts now.
+ThreadCounts thread_counts();
+
+}  // namespace pi0
