@@ -162,7 +162,7 @@ PaliGemmaWithExpertImpl::PaliGemmaWithExpertImpl(const Pi0Options& o) {
 std::vector<torch::Tensor> PaliGemmaWithExpertImpl::layer_forward(int64_t l, const torch::Tensor& prefix,
                                                                   const torch::Tensor& suffix,
                                                                   const torch::Tensor& mask,
-                                                                  const torch::Tensor& positions,
+                                                                  const nn::RopeTables& rope,
                                                                   const torch::Tensor& cond,
                                                                   const torch::Tensor& k_cache,
                                                                   const torch::Tensor& v_cache) {
@@ -188,8 +188,8 @@ std::vector<torch::Tensor> PaliGemmaWithExpertImpl::layer_forward(int64_t l, con
   auto k = ks.size() == 1 ? ks[0] : torch::cat(ks, 1);
   auto v = vs.size() == 1 ? vs[0] : torch::cat(vs, 1);
   // openpi scales q after RoPE.
-  q = nn::apply_rope(q, positions) * (1.0 / std::sqrt(static_cast<double>(d)));
-  k = nn::apply_rope(k, positions);
+  q = nn::apply_rope(q, rope) * (1.0 / std::sqrt(static_cast<double>(d)));
+  k = nn::apply_rope(k, rope);
   const auto k_new = k, v_new = v;
   if (k_cache.defined()) {
     k = torch::cat({k_cache, k}, 1);
@@ -222,19 +222,23 @@ PaliGemmaWithExpertImpl::Output PaliGemmaWithExpertImpl::forward(const torch::Te
   auto x_prefix = prefix, x_suffix = suffix;
   const int64_t depth = language_model->options.depth;
   if (cache_out) cache_out->k.clear(), cache_out->v.clear();
+  // RoPE depends on the positions only: one table for every layer (and every recomputation), held by value in the
+  // checkpointed closures, which outlive this call.
+  const auto rope = nn::rope_tables(positions, language_model->options.head_dim,
+                                    nn::upcast(prefix.defined() ? prefix : suffix).scalar_type());
   for (int64_t l = 0; l < depth; ++l) {
     torch::Tensor kc, vc;
     if (cache_in) kc = cache_in->k.at(l), vc = cache_in->v.at(l);
     std::vector<torch::Tensor> out;
     if (checkpoint_layers && !cache_out) {
       out = nn::checkpoint(
-          [this, l, mask, positions, kc, vc](const nn::TensorList& in) {
-            auto r = layer_forward(l, in[0], in[1], mask, positions, in[2], kc, vc);
+          [this, l, mask, rope, kc, vc](const nn::TensorList& in) {
+            auto r = layer_forward(l, in[0], in[1], mask, rope, in[2], kc, vc);
             return nn::TensorList{r[0], r[1]};
           },
           {x_prefix, x_suffix, cond});
     } else {
-      out = layer_forward(l, x_prefix, x_suffix, mask, positions, cond, kc, vc);
+      out = layer_forward(l, x_prefix, x_suffix, mask, rope, cond, kc, vc);
       if (cache_out) cache_out->k.push_back(out[2]), cache_out->v.push_back(out[3]);
     }
     x_prefix = out[0];

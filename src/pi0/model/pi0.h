@@ -12,6 +12,7 @@
 #include "pi0/model/gemma.h"
 #include "pi0/model/observation.h"
 #include "pi0/model/siglip.h"
+#include "pi0/nn/rope.h"
 
 namespace pi0::model {
 
@@ -56,7 +57,7 @@ class PaliGemmaWithExpertImpl : public torch::nn::Module {
  private:
   // One layer of both experts; returns {prefix, suffix, k, v}.
   std::vector<torch::Tensor> layer_forward(int64_t l, const torch::Tensor& prefix, const torch::Tensor& suffix,
-                                           const torch::Tensor& mask, const torch::Tensor& positions,
+                                           const torch::Tensor& mask, const nn::RopeTables& rope,
                                            const torch::Tensor& cond, const torch::Tensor& k_cache,
                                            const torch::Tensor& v_cache);
 };

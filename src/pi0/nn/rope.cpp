@@ -6,17 +6,28 @@
 
 namespace pi0::nn {
 
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta) {
-  const int64_t d = x.size(-1);
+RopeTables rope_tables(const torch::Tensor& positions, int64_t d, torch::ScalarType dtype, double theta) {
   TORCH_CHECK(d % 2 == 0, "RoPE needs an even head dim, got ", d);
-  auto x32 = upcast(x);
-  auto f32 = torch::TensorOptions().dtype(x32.scalar_type()).device(x.device());
+  auto f32 = torch::TensorOptions().dtype(dtype).device(positions.device());
   auto frac = torch::arange(0, d / 2, f32) * (2.0 / static_cast<double>(d));
-  auto inv_timescale = torch::pow(theta, -frac);                                       // [D/2]
-  auto angle = positions.to(x32.scalar_type()).unsqueeze(-1) * inv_timescale;            // [B,T,D/2]
-  auto sin = angle.sin().unsqueeze(2), cos = angle.cos().unsqueeze(2);                 // [B,T,1,D/2]
+  auto inv_timescale = torch::pow(theta, -frac);                             // [D/2]
+  auto angle = positions.to(dtype).unsqueeze(-1) * inv_timescale;             // [B,T,D/2]
+  return {angle.cos().unsqueeze(2), angle.sin().unsqueeze(2)};                // [B,T,1,D/2]
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables) {
+  const int64_t d = x.size(-1);
+  auto x32 = upcast(x);
+  TORCH_CHECK(tables.cos.size(-1) * 2 == d && tables.cos.scalar_type() == x32.scalar_type(),
+              "RoPE tables do not match the input (head dim ", d, ", dtype ", x32.scalar_type(), ")");
+  const auto& cos = tables.cos;
+  const auto& sin = tables.sin;
   auto x1 = x32.narrow(-1, 0, d / 2), x2 = x32.narrow(-1, d / 2, d / 2);
   return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).to(x.scalar_type());
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta) {
+  return apply_rope(x, rope_tables(positions, x.size(-1), upcast(x).scalar_type(), theta));
 }
 
 torch::Tensor posemb_sincos(const torch::Tensor& t, int64_t dim, double min_period, double max_period) {

@@ -8,6 +8,17 @@ namespace pi0::nn {
 /// θ_i = pos / theta^(2i/D), out = [x1·cosθ − x2·sinθ ; x2·cosθ + x1·sinθ] with x1 = x[..., :D/2].
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta = 10000.0);
 
+/// cos θ and sin θ [B,T,1,D/2] for `positions` [B,T], in `dtype` (float32, or float64 for gradient checks). They
+/// depend on the positions only, so a forward computes them once for all layers (and a checkpointed layer's
+/// recomputation reuses them) instead of once per q/k projection per layer.
+struct RopeTables {
+  torch::Tensor cos, sin;
+};
+RopeTables rope_tables(const torch::Tensor& positions, int64_t head_dim, torch::ScalarType dtype,
+                       double theta = 10000.0);
+/// apply_rope with precomputed tables (same arithmetic, same result).
+torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables);
+
 /// Sinusoidal timestep embedding (openpi posemb_sincos): t [B] → [B, dim], sin half first; computed in float64.
 torch::Tensor posemb_sincos(const torch::Tensor& t, int64_t dim, double min_period = 4e-3, double max_period = 4.0);
 
