@@ -28,8 +28,9 @@ PY="${PYTHON:-python3}"
 TORCH_PREFIX="${PI0_TORCH_PREFIX:-$($PY -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)}"
 [ -n "$TORCH_PREFIX" ] || { log "no LibTorch: set PI0_TORCH_PREFIX or make '$PY -c \"import torch\"' work"; exit 2; }
 {
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 || echo "nvidia-smi: none"
-  $PY -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' 2>&1
+  if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  else echo "no nvidia-smi"; fi
+  $PY -c 'import torch;print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' 2>/dev/null
   nvcc --version 2>&1 | tail -1; cmake --version | head -1; echo "cores $(nproc)"
 } > "$OUT_DIR/machine.txt"
 log "machine: $(tr '\n' ';' < "$OUT_DIR/machine.txt")"
