@@ -94,17 +94,15 @@ torch::Tensor sdpa_attention(const torch::Tensor& q, const torch::Tensor& k, con
   auto q_bntd = q.transpose(1, 2);
   auto k_bksd = k.transpose(1, 2), v_bksd = v.transpose(1, 2);
   auto attn_bias = bias.to(q.scalar_type());
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
-  // Grouped-query attention in the kernel: head n uses kv head n / (N/K), as repeat_interleave (HF repeat_kv).
-  auto out = at::scaled_dot_product_attention(q_bntd, k_bksd, v_bksd, attn_bias, 0.0, false, 1.0,
-                                              /*enable_gqa=*/kv != n);
-#else
+  // Grouped-query attention: head n uses kv head n / (N/K), as HF repeat_kv. The kv heads are repeated here rather
+  // than with enable_gqa (LibTorch >= 2.5), which only the flash and math kernels take: flash takes no mask, and the
+  // math kernel materializes the [B,N,T,S] logits this path exists to avoid.
   if (kv != n) {
-    k_bksd = k_bksd.repeat_interleave(n / kv, 1);
-    v_bksd = v_bksd.repeat_interleave(n / kv, 1);
+    const int64_t s = k.size(1);
+    k_bksd = k_bksd.unsqueeze(2).expand({b, kv, n / kv, s, d}).reshape({b, n, s, d});
+    v_bksd = v_bksd.unsqueeze(2).expand({b, kv, n / kv, s, d}).reshape({b, n, s, d});
   }
   auto out = at::scaled_dot_product_attention(q_bntd, k_bksd, v_bksd, attn_bias, 0.0, false, 1.0);
-#endif
   return out.transpose(1, 2).reshape({b, t, n * d});
 }
 #endif
