@@ -31,7 +31,7 @@ TEST_CASE("model.attention names are checked", "[unit][model]") {
   }
 }
 
-TEST_CASE("SDPA attention equals the explicit path (loss, gradients, sampling; float32 1e-5)", "[unit][model]") {
+TEST_CASE("SDPA attention equals the explicit path (loss, gradients and sampling within 1e-5 in float32)", "[unit][model]") {
   if (!sdpa_available()) {
     WARN("skipped: LibTorch " TORCH_VERSION " has no scaled_dot_product_attention with a scale (needs >= 2.1)");
     return;
