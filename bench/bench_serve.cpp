@@ -17,6 +17,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/websocket.hpp>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
 #include "pi0/config/config.h"
@@ -112,6 +113,7 @@ class Client {
     ws_.next_layer().connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port)});
     ws_.next_layer().set_option(boost::asio::ip::tcp::no_delay(true));
     ws_.handshake("127.0.0.1", "/");
+    ws_.write_buffer_bytes(1 << 20);  // mask a whole observation at once, not 4 KiB at a time
     boost::beast::flat_buffer b;
     ws_.read(b);  // metadata
   }
@@ -140,6 +142,7 @@ class Client {
 int main(int argc, char** argv) {
   try {
     const auto a = parse_args(argc, argv);
+    spdlog::set_level(spdlog::level::warn);  // no per-connection lines in the tables
     const torch::Device device(a.device);
     if (device.is_cuda() && !torch::cuda::is_available()) throw UserError("--device cuda: no usable CUDA device");
     io::Bundle bundle = bench_bundle(a.config, device);

@@ -67,7 +67,7 @@ void check_error(const std::string& frame, const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("decode_frame reads openpi's ndarrays of every dtype, bytes or str keys", "[serve][unit]") {
+TEST_CASE("decode_frame reads openpi's ndarrays of every dtype with bytes or str keys", "[serve][unit]") {
   struct Case {
     std::string dtype;
     torch::ScalarType type;
@@ -108,7 +108,7 @@ TEST_CASE("decode_frame reads openpi's ndarrays of every dtype, bytes or str key
   CHECK(decode(one_array("<f4", {0, 3}, "")).at("x").tensor.sizes() == torch::IntArrayRef({0, 3}));
 }
 
-TEST_CASE("decode_frame flattens nested maps and reads numpy scalars, Python values and lists", "[serve][unit]") {
+TEST_CASE("decode_frame flattens nested maps and reads numpy scalars and Python values and lists", "[serve][unit]") {
   msgpack::sbuffer b;
   Packer pk(b);
   pk.pack_map(7);

@@ -33,7 +33,7 @@ void check_error(Robot robot, const Fields& f, const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("libero profile: HWC, CHW and float images give the same uint8 image; state [1,8]", "[serve][unit]") {
+TEST_CASE("libero profile: HWC and CHW and float images give the same uint8 image", "[serve][unit]") {
   torch::manual_seed(0);
   const auto hwc = torch::randint(0, 256, {10, 12, 3}).to(torch::kUInt8);
   const auto a = serve::to_model_request(Robot::kLibero, libero(hwc), std::nullopt);

@@ -82,7 +82,7 @@ std::string with_state(const std::string& dtype, const std::vector<int64_t>& sha
 
 }  // namespace
 
-TEST_CASE("pi0-serve in-process: metadata, answers, timings", "[serve]") {
+TEST_CASE("pi0-serve in-process: metadata and answers and timings", "[serve]") {
   TempDir dir("pi0serve");
   const auto b = make_tiny_bundle(dir, "libero");
   LiveServer live(b, serve::Robot::kLibero);
@@ -109,7 +109,7 @@ TEST_CASE("pi0-serve in-process: metadata, answers, timings", "[serve]") {
   CHECK(max_abs_diff(other.at("actions").tensor, expected) > 1e-4);
 }
 
-TEST_CASE("pi0-serve: bad frames get a text error and close 1011; the server keeps serving", "[serve]") {
+TEST_CASE("pi0-serve: bad frames get a text error and close 1011 and the server keeps serving", "[serve]") {
   TempDir dir("pi0serve");
   const auto b = make_tiny_bundle(dir, "libero");
   LiveServer live(b, serve::Robot::kLibero);
@@ -167,15 +167,21 @@ TEST_CASE("pi0-serve: bad frames get a text error and close 1011; the server kee
   CHECK(max_abs_diff(r.at("actions").tensor, live.policy.infer(libero_fields(1)).actions) == 0.0);
 }
 
-TEST_CASE("pi0-serve: 8 clients x 50 requests, a silent client and mid-request disconnects", "[serve]") {
+TEST_CASE("pi0-serve: 8 clients x 50 requests with a silent client and mid-request disconnects", "[serve]") {
   TempDir dir("pi0serve");
   const auto b = make_tiny_bundle(dir, "libero");
   serve::ServerOptions so;
   so.io_threads = 3;
   LiveServer live(b, serve::Robot::kLibero, so);
   constexpr int kClients = 8, kRequests = 50;
+  // Frames made here: libero_fields seeds the global generator, which the client threads must not share.
   std::vector<torch::Tensor> expected;
-  for (int k = 0; k < kClients; ++k) expected.push_back(live.policy.infer(libero_fields(100 + k)).actions);
+  std::vector<std::string> frames, disrupt;
+  for (int k = 0; k < kClients; ++k) {
+    expected.push_back(live.policy.infer(libero_fields(100 + k)).actions);
+    frames.push_back(serve::encode_fields(libero_fields(100 + k)));
+  }
+  for (int i = 0; i < 10; ++i) disrupt.push_back(serve::encode_fields(libero_fields(200 + i)));
 
   // A client that sends a request and never reads the answer, held open throughout.
   WsClient silent(live.port());
@@ -188,9 +194,8 @@ TEST_CASE("pi0-serve: 8 clients x 50 requests, a silent client and mid-request d
     threads.emplace_back([&, k] {
       try {
         WsClient c(live.port());
-        const std::string frame = serve::encode_fields(libero_fields(100 + k));
         for (int i = 0; i < kRequests; ++i) {
-          const auto r = c.infer(frame);
+          const auto r = c.infer(frames[k]);
           (max_abs_diff(r.at("actions").tensor, expected[k]) <= 1e-5 ? correct : wrong)++;
         }
       } catch (const std::exception&) {
@@ -202,7 +207,7 @@ TEST_CASE("pi0-serve: 8 clients x 50 requests, a silent client and mid-request d
   std::thread disrupter([&] {
     for (int i = 0; i < 10 && !done; ++i) {
       WsClient c(live.port());
-      c.send(serve::encode_fields(libero_fields(200 + i)));
+      c.send(disrupt[i]);
       c.close_now();
     }
   });
@@ -268,7 +273,7 @@ std::string openpi_client_python(const TempDir& dir) {
 
 }  // namespace
 
-TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer (libero, aloha, raw); SIGTERM exits 0", "[serve]") {
+TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and aloha and raw and exits 0 on SIGTERM", "[serve]") {
   TempDir dir("pi0serve");
   const std::string python = openpi_client_python(dir);
   TempDir dir_libero("pi0serve_libero"), dir_aloha("pi0serve_aloha");
