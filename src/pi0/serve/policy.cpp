@@ -1,6 +1,7 @@
 #include "pi0/serve/policy.h"
 
 #include <chrono>
+#include <filesystem>
 #include <future>
 
 #include <spdlog/spdlog.h>
@@ -25,6 +26,13 @@ torch::Device model_device(const io::Bundle& b) {
 bool same_shapes(const io::InferenceInputs& a, const io::InferenceInputs& b) {
   return a.observation.tokenized_prompt.size(1) == b.observation.tokenized_prompt.size(1) &&
          a.raw_state.size(1) == b.raw_state.size(1);
+}
+
+// "runs/x/bundle/" → "bundle": clients learn which bundle, not the server's paths.
+std::string bundle_name(const std::string& dir) {
+  auto p = std::filesystem::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
 }
 
 }  // namespace
@@ -79,7 +87,7 @@ Policy::Policy(io::Bundle bundle, PolicyOptions options)
                {"max_batch", options_.max_batch},
                {"adapt_to_pi", cfg.data.dataset.adapt_to_pi_enabled()},
                {"config_id", cfg.checkpoint.asset_id},
-               {"bundle", bundle_.dir},
+               {"bundle", bundle_name(bundle_.dir)},
                {"device", device_.str()},
                {"dtype", options_.compute_dtype == torch::kBFloat16 ? "bf16" : "f32"}};
   thread_ = std::thread([this] { model_loop(); });
@@ -170,6 +178,7 @@ void Policy::run_batch(std::vector<std::unique_ptr<Pending>>& batch) {
     obs.tokenized_prompt = torch::cat(tokens);
     obs.tokenized_prompt_mask = torch::cat(token_mask);
     const int64_t rows = obs.batch_size();
+    if (rows > largest_batch_) largest_batch_ = rows;
     std::optional<torch::Tensor> noise;
     if (options_.noise.defined()) noise = options_.noise.expand({rows, -1, -1}).contiguous().to(device_);
 

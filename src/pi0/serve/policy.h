@@ -8,6 +8,7 @@
 // and 8 on CUDA, where a batch of 8 costs about as much as one. Requests never wait for a batch to fill: the
 // thread takes what is queued when it is free.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -63,6 +64,8 @@ class Policy {
   PolicyResult infer(const Fields& fields);
   /// Stops the model thread after the queued requests (called by the destructor).
   void stop();
+  /// Most rows one sample_actions call has taken so far (batching at work when > 1).
+  int64_t largest_batch() const { return largest_batch_; }
 
  private:
   struct Pending;
@@ -80,6 +83,7 @@ class Policy {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Pending>> queue_;
   bool stopping_ = false;
+  std::atomic<int64_t> largest_batch_{0};
   std::thread thread_;
 };
 

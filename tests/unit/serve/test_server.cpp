@@ -19,9 +19,10 @@ using Catch::Contains;
 
 namespace {
 
-serve::PolicyOptions policy_options(const TinyBundle& b, serve::Robot robot) {
+serve::PolicyOptions policy_options(const TinyBundle& b, serve::Robot robot, int64_t max_batch = 0) {
   serve::PolicyOptions o;
   o.robot = robot;
+  o.max_batch = max_batch;
   o.num_steps = 2;
   o.noise = io::read_safetensors(b.noise).at("noise");
   return o;
@@ -33,8 +34,8 @@ struct LiveServer {
   serve::Server server;
   std::thread thread;
 
-  LiveServer(const TinyBundle& b, serve::Robot robot, serve::ServerOptions so = {})
-      : policy(io::load_bundle(b.bundle), policy_options(b, robot)), server(policy, local(so)),
+  LiveServer(const TinyBundle& b, serve::Robot robot, serve::ServerOptions so = {}, int64_t max_batch = 0)
+      : policy(io::load_bundle(b.bundle), policy_options(b, robot, max_batch)), server(policy, local(so)),
         thread([this] { server.run(/*handle_signals=*/false); }) {}
   ~LiveServer() {
     server.stop();
@@ -219,6 +220,43 @@ TEST_CASE("pi0-serve: 8 clients x 50 requests with a silent client and mid-reque
   CHECK(correct == kClients * kRequests);
   WsClient after(live.port());
   CHECK(max_abs_diff(after.infer(serve::encode_fields(libero_fields(100))).at("actions").tensor, expected[0]) <= 1e-5);
+}
+
+TEST_CASE("pi0-serve: requests batched into one model call get the answers of single calls", "[serve]") {
+  TempDir dir("pi0serve");
+  const auto b = make_tiny_bundle(dir, "libero");
+  serve::ServerOptions so;
+  so.io_threads = 4;
+  LiveServer live(b, serve::Robot::kLibero, so, /*max_batch=*/8);
+  serve::Policy single(io::load_bundle(b.bundle), policy_options(b, serve::Robot::kLibero, 1));
+  constexpr int kClients = 8, kRequests = 10;
+  std::vector<torch::Tensor> expected;
+  std::vector<std::string> frames;
+  for (int k = 0; k < kClients; ++k) {
+    expected.push_back(single.infer(libero_fields(300 + k)).actions);
+    frames.push_back(serve::encode_fields(libero_fields(300 + k)));
+  }
+  std::atomic<int> correct{0};
+  std::atomic<double> worst{0.0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kClients; ++k) {
+    threads.emplace_back([&, k] {
+      WsClient c(live.port());
+      for (int i = 0; i < kRequests; ++i) {
+        const double d = max_abs_diff(c.infer(frames[k]).at("actions").tensor, expected[k]);
+        if (d <= 1e-5) correct++;
+        double w = worst.load();
+        while (d > w && !worst.compare_exchange_weak(w, d)) {
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  INFO("largest difference to a single call: " << worst.load());
+  CHECK(correct == kClients * kRequests);
+  CHECK(live.policy.metadata().at("max_batch").get<int64_t>() == 8);
+  CHECK(live.policy.largest_batch() > 1);  // requests did share model calls
+  CHECK(live.policy.largest_batch() <= 8);
 }
 
 TEST_CASE("pi0-serve: /healthz, --api-key and --max-clients at the handshake", "[serve]") {
