@@ -1,0 +1,209 @@
+#include "pi0/serve/policy.h"
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+
+#include <spdlog/spdlog.h>
+
+#include "pi0/common/check.h"
+
+namespace pi0::serve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+torch::Device model_device(const io::Bundle& b) {
+  for (const auto& p : b.model->parameters()) return p.device();
+  return torch::kCPU;
+}
+
+// Two requests can share a sample_actions call when their per-row tensors have the same shapes.
+bool same_shapes(const io::InferenceInputs& a, const io::InferenceInputs& b) {
+  return a.observation.tokenized_prompt.size(1) == b.observation.tokenized_prompt.size(1) &&
+         a.raw_state.size(1) == b.raw_state.size(1);
+}
+
+// "runs/x/bundle/" → "bundle": clients learn which bundle, not the server's paths.
+std::string bundle_name(const std::string& dir) {
+  auto p = std::filesystem::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
+}  // namespace
+
+struct Policy::Pending {
+  io::InferenceInputs inputs;
+  bool batched = false;
+  Callback done;
+  Clock::time_point start;
+};
+
+Policy::Policy(io::Bundle bundle, PolicyOptions options)
+    : bundle_(std::move(bundle)), options_(std::move(options)), device_(model_device(bundle_)) {
+  if (options_.num_steps < 1)
+    throw UserError("--num-steps: got " + std::to_string(options_.num_steps) + ", expected a positive integer");
+  if (options_.max_batch == 0) options_.max_batch = device_.is_cuda() ? 8 : 1;
+  if (options_.max_batch < 1)
+    throw UserError("--max-batch: got " + std::to_string(options_.max_batch) + ", expected >= 1 (0 = auto)");
+  const auto& mo = bundle_.model->options();
+  if (options_.noise.defined()) {
+    auto n = options_.noise.to(torch::kFloat32);
+    if (n.dim() == 2) n = n.unsqueeze(0);
+    if (n.dim() != 3 || n.size(0) != 1 || n.size(1) != mo.action_horizon || n.size(2) != mo.action_dim)
+      throw UserError("--noise: tensor has shape " + c10::str(options_.noise.sizes()) + ", expected [" +
+                      std::to_string(mo.action_horizon) + "," + std::to_string(mo.action_dim) + "] or [1,H,A]");
+    options_.noise = n.contiguous();
+  }
+  const bool normalized = bundle_.transform.norm_mode() != data::NormMode::kNone;
+  const int64_t bundle_dims = normalized && bundle_.norm_stats.keys.count("actions")
+                                  ? static_cast<int64_t>(bundle_.norm_stats.at("actions").mean.size())
+                                  : mo.action_dim;
+  const int64_t want = robot_action_dims(options_.robot);
+  if (want > bundle_dims)
+    throw UserError("--robot " + robot_name(options_.robot) + ": the bundle's actions have " + std::to_string(bundle_dims) +
+                    " dims (its norm stats 'actions'), expected >= " + std::to_string(want) + " for this robot");
+  action_dims_ = want > 0 ? want : bundle_dims;
+  bundle_.model->set_compute_dtype(options_.compute_dtype);
+  bundle_.model->set_cuda_graph(device_.is_cuda());
+  tokenizer_ = std::make_unique<data::Tokenizer>(bundle_.tokenizer_path);
+
+  const auto& cfg = bundle_.config;
+  metadata_ = {{"server", "pi0-serve"},
+               {"model_type", bundle_.transform.model_type},
+               {"robot", robot_name(options_.robot)},
+               {"action_horizon", mo.action_horizon},
+               {"action_dim", action_dims_},
+               {"model_action_dim", mo.action_dim},
+               {"state_dim", robot_state_dims(options_.robot)},
+               {"image_size", bundle_.transform.image_size},
+               {"max_token_len", bundle_.transform.max_token_len},
+               {"num_steps", options_.num_steps},
+               {"max_batch", options_.max_batch},
+               {"adapt_to_pi", cfg.data.dataset.adapt_to_pi_enabled()},
+               {"config_id", cfg.checkpoint.asset_id},
+               {"bundle", bundle_name(bundle_.dir)},
+               {"device", device_.str()},
+               {"dtype", options_.compute_dtype == torch::kBFloat16 ? "bf16" : "f32"}};
+  thread_ = std::thread([this] { model_loop(); });
+}
+
+Policy::~Policy() { stop(); }
+
+void Policy::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Policy::submit(const Fields& fields, Callback done) {
+  auto p = std::make_unique<Pending>();
+  p->start = Clock::now();
+  ModelRequest req = to_model_request(options_.robot, fields, options_.default_prompt);
+  p->inputs = io::make_inference_inputs(bundle_, req.tensors, "observation", req.prompt, tokenizer_.get());
+  p->batched = req.batched;
+  p->done = std::move(done);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) throw std::runtime_error("the policy is shutting down");
+    queue_.push_back(std::move(p));
+  }
+  cv_.notify_one();
+}
+
+PolicyResult Policy::infer(const Fields& fields) {
+  std::promise<PolicyResult> promise;
+  auto future = promise.get_future();
+  submit(fields, [&promise](PolicyResult r, std::exception_ptr e) {
+    if (e) promise.set_exception(e);
+    else promise.set_value(std::move(r));
+  });
+  return future.get();
+}
+
+void Policy::model_loop() {
+  torch::NoGradGuard no_grad;
+  for (;;) {
+    std::vector<std::unique_ptr<Pending>> batch;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything queued is answered
+      int64_t rows = 0;
+      while (!queue_.empty()) {
+        auto& next = queue_.front();
+        const int64_t b = next->inputs.observation.batch_size();
+        if (!batch.empty() && (rows + b > options_.max_batch || !same_shapes(batch.front()->inputs, next->inputs))) break;
+        rows += b;
+        batch.push_back(std::move(next));
+        queue_.pop_front();
+      }
+    }
+    run_batch(batch);
+  }
+}
+
+void Policy::run_batch(std::vector<std::unique_ptr<Pending>>& batch) {
+  std::vector<PolicyResult> results;
+  std::exception_ptr error;
+  try {
+    model::Observation obs;
+    std::vector<torch::Tensor> states;
+    const auto& first = batch.front()->inputs.observation;
+    for (size_t slot = 0; slot < first.images.size(); ++slot) {
+      std::vector<torch::Tensor> imgs, masks;
+      for (auto& p : batch) {
+        imgs.push_back(p->inputs.observation.images[slot]);
+        masks.push_back(p->inputs.observation.image_masks[slot]);
+      }
+      obs.images.push_back(torch::cat(imgs));
+      obs.image_masks.push_back(torch::cat(masks));
+    }
+    std::vector<torch::Tensor> state, tokens, token_mask, raw_state;
+    for (auto& p : batch) {
+      state.push_back(p->inputs.observation.state);
+      tokens.push_back(p->inputs.observation.tokenized_prompt);
+      token_mask.push_back(p->inputs.observation.tokenized_prompt_mask);
+      raw_state.push_back(p->inputs.raw_state);
+    }
+    obs.state = torch::cat(state);
+    obs.tokenized_prompt = torch::cat(tokens);
+    obs.tokenized_prompt_mask = torch::cat(token_mask);
+    const int64_t rows = obs.batch_size();
+    if (rows > largest_batch_) largest_batch_ = rows;
+    std::optional<torch::Tensor> noise;
+    if (options_.noise.defined()) noise = options_.noise.expand({rows, -1, -1}).contiguous().to(device_);
+
+    const auto t0 = Clock::now();
+    auto actions = bundle_.model->sample_actions(obs.to(device_), noise, options_.num_steps);
+    actions = actions.to(torch::kCPU, torch::kFloat32);
+    const double model_ms = ms_since(t0);
+    auto robot = io::robot_actions(bundle_, actions, torch::cat(raw_state)).narrow(-1, 0, action_dims_);
+
+    int64_t row = 0;
+    for (auto& p : batch) {
+      const int64_t b = p->inputs.observation.batch_size();
+      PolicyResult r;
+      r.actions = p->batched ? robot.narrow(0, row, b).contiguous() : robot[row].contiguous();
+      r.model_ms = model_ms;
+      r.total_ms = ms_since(p->start);
+      row += b;
+      results.push_back(std::move(r));
+    }
+  } catch (...) {
+    error = std::current_exception();
+    spdlog::error("pi0-serve: model call failed for {} request(s)", batch.size());
+  }
+  // The callbacks run outside the try: one that throws must not be answered twice.
+  for (size_t i = 0; i < batch.size(); ++i) batch[i]->done(error ? PolicyResult{} : std::move(results[i]), error);
+}
+
+}  // namespace pi0::serve

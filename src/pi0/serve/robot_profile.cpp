@@ -1,0 +1,201 @@
+#include "pi0/serve/robot_profile.h"
+
+#include <sstream>
+
+#include "pi0/common/check.h"
+
+namespace pi0::serve {
+namespace {
+
+constexpr int64_t kMaxImageSide = 4096;  // larger images are a client bug, not a camera
+
+std::string shape_str(at::IntArrayRef s) {
+  std::ostringstream os;
+  os << s;
+  return os.str();
+}
+
+std::string dtype_str(const torch::Tensor& t) { return c10::toString(t.scalar_type()); }
+
+const Field* find(const Fields& fields, const std::string& key) {
+  auto it = fields.find(key);
+  return it == fields.end() ? nullptr : &it->second;
+}
+
+const torch::Tensor& require_tensor(const Fields& fields, const std::string& key, const std::string& expected) {
+  const Field* f = find(fields, key);
+  if (!f) throw UserError("missing key '" + key + "', expected " + expected);
+  if (!f->tensor.defined()) throw UserError("'" + key + "' is a str, expected " + expected);
+  return f->tensor;
+}
+
+// A robot state vector: float, 1-D with `dims` entries (0 = any). Returned as float32 [1,S].
+torch::Tensor state_vector(const Fields& fields, const std::string& key, int64_t dims) {
+  const std::string expected = "float array [" + (dims > 0 ? std::to_string(dims) : std::string("S")) + "]";
+  const auto& t = require_tensor(fields, key, expected);
+  if (!t.is_floating_point())
+    throw UserError("'" + key + "' has dtype " + dtype_str(t) + ", expected " + expected + " (float32 or float64)");
+  if (t.dim() != 1 || (dims > 0 && t.size(0) != dims))
+    throw UserError("'" + key + "' has shape " + shape_str(t.sizes()) + ", expected " + expected);
+  if (!torch::isfinite(t).all().item<bool>()) throw UserError("'" + key + "' holds NaN or infinity, expected finite values");
+  return t.to(torch::kFloat32).unsqueeze(0);
+}
+
+// openpi's _parse_image: float → (255·x).astype(uint8); [3,H,W] → [H,W,3]. `chw_only`: ALOHA's always-CHW layout.
+// Returned as uint8 [1,H,W,3].
+torch::Tensor robot_image(const Fields& fields, const std::string& key, bool chw_only) {
+  const std::string expected = chw_only ? "uint8 [3,H,W] (or float in [0,1])" : "uint8 [H,W,3] or [3,H,W] (or float in [0,1])";
+  torch::Tensor t = require_tensor(fields, key, "image " + expected);
+  if (t.dim() != 3) throw UserError("'" + key + "' has shape " + shape_str(t.sizes()) + ", expected " + expected);
+  if (t.scalar_type() != torch::kUInt8 && !t.is_floating_point())
+    throw UserError("'" + key + "' has dtype " + dtype_str(t) + ", expected " + expected);
+  if (t.is_floating_point()) {
+    if (t.numel() > 0) {
+      const double lo = t.min().item<double>(), hi = t.max().item<double>();
+      if (!(lo >= 0.0 && hi <= 1.0))
+        throw UserError("'" + key + "' has float values in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                        "], expected [0,1] (or uint8)");
+    }
+    t = (t.to(torch::kFloat32) * 255.0f).to(torch::kUInt8);  // truncation, as numpy's astype(uint8)
+  }
+  if (chw_only) {
+    if (t.size(0) != 3) throw UserError("'" + key + "' has shape " + shape_str(t.sizes()) + ", expected " + expected);
+    t = t.permute({1, 2, 0});
+  } else if (t.size(0) == 3) {
+    t = t.permute({1, 2, 0});
+  }
+  if (t.size(2) != 3 || t.size(0) < 1 || t.size(1) < 1 || t.size(0) > kMaxImageSide || t.size(1) > kMaxImageSide)
+    throw UserError("'" + key + "' has shape " + shape_str(t.sizes()) + ", expected " + expected + " with sides in [1, " +
+                    std::to_string(kMaxImageSide) + "]");
+  return t.contiguous().unsqueeze(0);
+}
+
+std::optional<std::string> prompt_of(const Fields& fields, const std::optional<std::string>& default_prompt,
+                                     bool required) {
+  const Field* f = find(fields, "prompt");
+  if (f) {
+    if (!f->text) throw UserError("'prompt' is an array or number, expected a str (the task instruction)");
+    return f->text;
+  }
+  if (default_prompt) return default_prompt;
+  if (required) throw UserError("missing key 'prompt', expected a str (the task instruction); or start the server with --default-prompt");
+  return std::nullopt;
+}
+
+ModelRequest libero(const Fields& fields, const std::optional<std::string>& default_prompt) {
+  ModelRequest r;
+  r.tensors["state"] = state_vector(fields, "observation/state", 8);
+  r.tensors["image/base_0_rgb"] = robot_image(fields, "observation/image", false);
+  r.tensors["image/left_wrist_0_rgb"] = robot_image(fields, "observation/wrist_image", false);
+  r.prompt = prompt_of(fields, default_prompt, true);
+  return r;
+}
+
+ModelRequest aloha(const Fields& fields, const std::optional<std::string>& default_prompt) {
+  static const std::vector<std::string> kCameras = {"cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist"};
+  for (const auto& [key, f] : fields) {
+    if (key.rfind("images/", 0) != 0) continue;
+    const std::string cam = key.substr(7);
+    if (std::find(kCameras.begin(), kCameras.end(), cam) == kCameras.end())
+      throw UserError("'" + key + "': unknown ALOHA camera '" + cam + "', expected cam_high, cam_low, cam_left_wrist or cam_right_wrist");
+  }
+  ModelRequest r;
+  r.tensors["state"] = state_vector(fields, "state", 14);
+  r.tensors["image/base_0_rgb"] = robot_image(fields, "images/cam_high", true);
+  if (find(fields, "images/cam_left_wrist")) r.tensors["image/left_wrist_0_rgb"] = robot_image(fields, "images/cam_left_wrist", true);
+  if (find(fields, "images/cam_right_wrist")) r.tensors["image/right_wrist_0_rgb"] = robot_image(fields, "images/cam_right_wrist", true);
+  if (find(fields, "images/cam_low")) robot_image(fields, "images/cam_low", true);  // checked, not used by pi0
+  r.prompt = prompt_of(fields, default_prompt, true);
+  return r;
+}
+
+ModelRequest droid(const Fields& fields, const std::optional<std::string>& default_prompt) {
+  ModelRequest r;
+  r.tensors["state"] = torch::cat({state_vector(fields, "observation/joint_position", 7),
+                                   state_vector(fields, "observation/gripper_position", 1)}, 1);
+  r.tensors["image/base_0_rgb"] = robot_image(fields, "observation/exterior_image_1_left", false);
+  r.tensors["image/left_wrist_0_rgb"] = robot_image(fields, "observation/wrist_image_left", false);
+  r.prompt = prompt_of(fields, default_prompt, true);
+  return r;
+}
+
+ModelRequest raw(const Fields& fields, const std::optional<std::string>& default_prompt) {
+  ModelRequest r;
+  const auto& state = require_tensor(fields, "state", "float array [S] (or [B,S])");
+  if (state.dim() != 1 && state.dim() != 2)
+    throw UserError("'state' has shape " + shape_str(state.sizes()) + ", expected float array [S] (or [B,S])");
+  r.batched = state.dim() == 2;
+  for (const auto& [key, f] : fields) {
+    if (key == "prompt") continue;
+    const bool known = key == "state" || key == "tokenized_prompt" || key == "tokenized_prompt_mask" ||
+                       key.rfind("image/", 0) == 0 || key.rfind("image_mask/", 0) == 0;
+    if (!known) continue;  // extra keys are ignored, as openpi's transforms do
+    if (!f.tensor.defined()) throw UserError("'" + key + "' is a str, expected an array");
+    if (f.tensor.numel() > 0 && f.tensor.is_floating_point() && !torch::isfinite(f.tensor).all().item<bool>())
+      throw UserError("'" + key + "' holds NaN or infinity, expected finite values");
+    const bool is_image = key.rfind("image/", 0) == 0;
+    if (is_image) {
+      const int64_t hw = r.batched ? 1 : 0;
+      if (f.tensor.dim() == (r.batched ? 4 : 3) &&
+          (f.tensor.size(hw) > kMaxImageSide || f.tensor.size(hw + 1) > kMaxImageSide))
+        throw UserError("'" + key + "' has shape " + shape_str(f.tensor.sizes()) + ", expected sides <= " +
+                        std::to_string(kMaxImageSide));
+    }
+    r.tensors[key] = r.batched ? f.tensor : f.tensor.unsqueeze(0);
+  }
+  r.prompt = find(fields, "tokenized_prompt") ? prompt_of(fields, std::nullopt, false)
+                                              : prompt_of(fields, default_prompt, true);
+  return r;
+}
+
+}  // namespace
+
+Robot parse_robot(const std::string& name) {
+  if (name == "libero") return Robot::kLibero;
+  if (name == "aloha") return Robot::kAloha;
+  if (name == "droid") return Robot::kDroid;
+  if (name == "raw") return Robot::kRaw;
+  throw UserError("--robot: got '" + name + "', expected libero, aloha, droid or raw");
+}
+
+std::string robot_name(Robot robot) {
+  switch (robot) {
+    case Robot::kLibero: return "libero";
+    case Robot::kAloha: return "aloha";
+    case Robot::kDroid: return "droid";
+    case Robot::kRaw: return "raw";
+  }
+  return "?";
+}
+
+int64_t robot_action_dims(Robot robot) {
+  switch (robot) {
+    case Robot::kLibero: return 7;
+    case Robot::kAloha: return 14;
+    case Robot::kDroid: return 8;
+    case Robot::kRaw: return 0;
+  }
+  return 0;
+}
+
+int64_t robot_state_dims(Robot robot) {
+  switch (robot) {
+    case Robot::kLibero: return 8;
+    case Robot::kAloha: return 14;
+    case Robot::kDroid: return 8;
+    case Robot::kRaw: return 0;
+  }
+  return 0;
+}
+
+ModelRequest to_model_request(Robot robot, const Fields& fields, const std::optional<std::string>& default_prompt) {
+  switch (robot) {
+    case Robot::kLibero: return libero(fields, default_prompt);
+    case Robot::kAloha: return aloha(fields, default_prompt);
+    case Robot::kDroid: return droid(fields, default_prompt);
+    case Robot::kRaw: return raw(fields, default_prompt);
+  }
+  PI0_CHECK(false, "to_model_request: unknown robot");
+}
+
+}  // namespace pi0::serve

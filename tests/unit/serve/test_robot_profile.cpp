@@ -1,0 +1,111 @@
+// Robot profiles: openpi's key layouts → the model's keys (image layout and dtype conversions as openpi's
+// _parse_image does them), and their one-line errors.
+#include <catch2/catch.hpp>
+
+#include "pi0/common/check.h"
+#include "pi0/serve/robot_profile.h"
+
+using namespace pi0;
+using serve::Fields;
+using serve::Robot;
+using Catch::Contains;
+
+namespace {
+
+Fields libero(const torch::Tensor& image) {
+  Fields f;
+  f["observation/image"].tensor = image;
+  f["observation/wrist_image"].tensor = torch::zeros({5, 6, 3}, torch::kUInt8);
+  f["observation/state"].tensor = torch::arange(8, torch::kFloat64);
+  f["prompt"].text = "go";
+  return f;
+}
+
+void check_error(Robot robot, const Fields& f, const std::string& text) {
+  try {
+    serve::to_model_request(robot, f, std::nullopt);
+    FAIL("no error, expected: " << text);
+  } catch (const UserError& e) {
+    INFO(e.what());
+    CHECK_THAT(std::string(e.what()), Contains(text));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("libero profile: HWC and CHW and float images give the same uint8 image", "[serve][unit]") {
+  torch::manual_seed(0);
+  const auto hwc = torch::randint(0, 256, {10, 12, 3}).to(torch::kUInt8);
+  const auto a = serve::to_model_request(Robot::kLibero, libero(hwc), std::nullopt);
+  CHECK(torch::equal(a.tensors.at("image/base_0_rgb"), hwc.unsqueeze(0)));
+  CHECK(a.tensors.at("image/left_wrist_0_rgb").sizes() == torch::IntArrayRef({1, 5, 6, 3}));
+  CHECK(a.tensors.count("image/right_wrist_0_rgb") == 0);
+  CHECK(torch::equal(a.tensors.at("state"), torch::arange(8, torch::kFloat32).unsqueeze(0)));
+  CHECK(*a.prompt == "go");
+  const auto b = serve::to_model_request(Robot::kLibero, libero(hwc.permute({2, 0, 1}).contiguous()), std::nullopt);
+  CHECK(torch::equal(b.tensors.at("image/base_0_rgb"), hwc.unsqueeze(0)));
+  // float in [0,1]: (255·x) truncated, as numpy's astype(uint8): (v + 0.5) / 255 comes back as v
+  const auto v = torch::randint(0, 255, {10, 12, 3}).to(torch::kUInt8);
+  const auto f = (v.to(torch::kFloat32) + 0.5f) / 255.0f;
+  const auto c = serve::to_model_request(Robot::kLibero, libero(f), std::nullopt);
+  CHECK(torch::equal(c.tensors.at("image/base_0_rgb"), v.unsqueeze(0)));
+}
+
+TEST_CASE("aloha and droid profiles map openpi's keys", "[serve][unit]") {
+  Fields a;
+  a["state"].tensor = torch::randn({14});
+  a["images/cam_high"].tensor = torch::randint(0, 256, {3, 8, 9}).to(torch::kUInt8);
+  a["images/cam_low"].tensor = torch::randint(0, 256, {3, 8, 9}).to(torch::kUInt8);
+  a["images/cam_right_wrist"].tensor = torch::randint(0, 256, {3, 4, 4}).to(torch::kUInt8);
+  a["prompt"].text = "fold";
+  const auto r = serve::to_model_request(Robot::kAloha, a, std::nullopt);
+  CHECK(torch::equal(r.tensors.at("image/base_0_rgb")[0], a["images/cam_high"].tensor.permute({1, 2, 0})));
+  CHECK(r.tensors.count("image/left_wrist_0_rgb") == 0);
+  CHECK(r.tensors.at("image/right_wrist_0_rgb").sizes() == torch::IntArrayRef({1, 4, 4, 3}));
+  CHECK(r.tensors.size() == 3);  // cam_low is not a pi0 camera
+
+  Fields d;
+  d["observation/joint_position"].tensor = torch::arange(7, torch::kFloat64);
+  d["observation/gripper_position"].tensor = torch::full({1}, 0.5, torch::kFloat64);
+  d["observation/exterior_image_1_left"].tensor = torch::zeros({6, 6, 3}, torch::kUInt8);
+  d["observation/wrist_image_left"].tensor = torch::zeros({6, 6, 3}, torch::kUInt8);
+  const auto q = serve::to_model_request(Robot::kDroid, d, std::string("default task"));
+  CHECK(torch::equal(q.tensors.at("state")[0], torch::tensor({0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.5}, torch::kFloat32)));
+  CHECK(*q.prompt == "default task");
+  CHECK(serve::robot_action_dims(Robot::kDroid) == 8);
+  CHECK(serve::robot_action_dims(Robot::kAloha) == 14);
+  CHECK(serve::robot_action_dims(Robot::kLibero) == 7);
+}
+
+TEST_CASE("robot profiles: bad observations name the key and what was expected", "[serve][unit]") {
+  const auto img = torch::zeros({8, 8, 3}, torch::kUInt8);
+  auto f = libero(img);
+  f.erase("observation/state");
+  check_error(Robot::kLibero, f, "missing key 'observation/state', expected float array [8]");
+  f = libero(img);
+  f["observation/state"].tensor = torch::zeros({7});
+  check_error(Robot::kLibero, f, "'observation/state' has shape [7], expected float array [8]");
+  f["observation/state"].tensor = torch::zeros({8}, torch::kInt32);
+  check_error(Robot::kLibero, f, "'observation/state' has dtype Int, expected float array [8]");
+  f = libero(torch::zeros({8, 8, 4}, torch::kUInt8));
+  check_error(Robot::kLibero, f, "'observation/image' has shape [8, 8, 4]");
+  f = libero(torch::zeros({8, 8, 3}, torch::kInt64));
+  check_error(Robot::kLibero, f, "'observation/image' has dtype Long");
+  f = libero(torch::full({8, 8, 3}, 2.0f));
+  check_error(Robot::kLibero, f, "float values in [2.000000, 2.000000], expected [0,1]");
+  f = libero(img);
+  f.erase("prompt");
+  check_error(Robot::kLibero, f, "missing key 'prompt'");
+  f = libero(img);
+  f["prompt"].text.reset();
+  f["prompt"].tensor = torch::zeros({1});
+  check_error(Robot::kLibero, f, "'prompt' is an array or number, expected a str");
+  Fields a;
+  a["state"].tensor = torch::zeros({14});
+  a["images/cam_top"].tensor = torch::zeros({3, 4, 4}, torch::kUInt8);
+  check_error(Robot::kAloha, a, "unknown ALOHA camera 'cam_top'");
+  a.erase("images/cam_top");
+  a["images/cam_high"].tensor = torch::zeros({4, 4, 3}, torch::kUInt8);
+  check_error(Robot::kAloha, a, "'images/cam_high' has shape [4, 4, 3], expected uint8 [3,H,W]");
+  CHECK_THROWS_WITH(serve::parse_robot("franka"), Contains("--robot: got 'franka', expected libero, aloha, droid or raw"));
+}

@@ -1,0 +1,367 @@
+// The websocket policy server, in-process (C++ Beast clients: metadata, bad frames, 8 concurrent clients, healthz,
+// API key) and as the pi0-serve app driven by openpi's own Python client (openpi-client==0.1.2 in a venv under the
+// build directory), whose answers must equal pi0-infer's on the same observation and noise.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <thread>
+
+#include <msgpack.hpp>
+
+#include "pi0/serve/policy.h"
+#include "pi0/serve/server.h"
+#include "unit/serve/serve_fixture.h"
+
+using namespace pi0;
+using namespace pi0::serve_test;
+using Catch::Contains;
+
+namespace {
+
+serve::PolicyOptions policy_options(const TinyBundle& b, serve::Robot robot, int64_t max_batch = 0) {
+  serve::PolicyOptions o;
+  o.robot = robot;
+  o.max_batch = max_batch;
+  o.num_steps = 2;
+  o.noise = io::read_safetensors(b.noise).at("noise");
+  return o;
+}
+
+// Policy + Server on 127.0.0.1, any free port, serving on a background thread.
+struct LiveServer {
+  serve::Policy policy;
+  serve::Server server;
+  std::thread thread;
+
+  LiveServer(const TinyBundle& b, serve::Robot robot, serve::ServerOptions so = {}, int64_t max_batch = 0)
+      : policy(io::load_bundle(b.bundle), policy_options(b, robot, max_batch)), server(policy, local(so)),
+        thread([this] { server.run(/*handle_signals=*/false); }) {}
+  ~LiveServer() {
+    server.stop();
+    thread.join();
+  }
+  int port() const { return server.port(); }
+
+  static serve::ServerOptions local(serve::ServerOptions so) {
+    so.host = "127.0.0.1";
+    so.port = 0;
+    return so;
+  }
+};
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+// {"observation/state": ndarray(dtype, shape, data)} plus the rest of a valid LIBERO observation.
+std::string with_state(const std::string& dtype, const std::vector<int64_t>& shape, const std::string& data) {
+  auto f = libero_fields(1);
+  f.erase("observation/state");
+  std::string frame = serve::encode_fields(f);
+  msgpack::sbuffer b;
+  msgpack::packer<msgpack::sbuffer> pk(b);
+  pk.pack_map(static_cast<uint32_t>(f.size() + 1));
+  const std::string head(b.data(), b.size());
+  // Re-pack: a map header for one more entry, the old entries, then the state.
+  msgpack::sbuffer tail;
+  msgpack::packer<msgpack::sbuffer> tp(tail);
+  tp.pack(std::string("observation/state"));
+  tp.pack_map(4);
+  tp.pack(std::string("__ndarray__"));
+  tp.pack_true();
+  tp.pack(std::string("data"));
+  tp.pack_bin(static_cast<uint32_t>(data.size()));
+  tp.pack_bin_body(data.data(), static_cast<uint32_t>(data.size()));
+  tp.pack(std::string("dtype"));
+  tp.pack(dtype);
+  tp.pack(std::string("shape"));
+  tp.pack_array(static_cast<uint32_t>(shape.size()));
+  for (auto d : shape) tp.pack(d);
+  return head + frame.substr(1) + std::string(tail.data(), tail.size());  // fixmap header of f is one byte
+}
+
+}  // namespace
+
+TEST_CASE("pi0-serve in-process: metadata and answers and timings", "[serve]") {
+  TempDir dir("pi0serve");
+  const auto b = make_tiny_bundle(dir, "libero");
+  LiveServer live(b, serve::Robot::kLibero);
+  WsClient c(live.port());
+  CHECK(*c.metadata.at("robot").text == "libero");
+  CHECK(*c.metadata.at("model_type").text == "pi05");
+  CHECK(c.metadata.at("action_horizon").tensor.item<int64_t>() == kHorizon);
+  CHECK(c.metadata.at("action_dim").tensor.item<int64_t>() == 7);
+  CHECK(*c.metadata.at("config_id").text == "tiny_libero");
+
+  const auto fields = libero_fields(3);
+  const auto expected = live.policy.infer(fields).actions;
+  REQUIRE(expected.sizes() == torch::IntArrayRef({kHorizon, 7}));
+  for (int i = 0; i < 3; ++i) {
+    const auto r = c.infer(serve::encode_fields(fields));
+    CHECK(r.at("actions").tensor.sizes() == expected.sizes());
+    CHECK(max_abs_diff(r.at("actions").tensor, expected) == 0.0);
+    CHECK(r.at("policy_timing/infer_ms").tensor.item<double>() > 0.0);
+    CHECK(r.at("server_timing/infer_ms").tensor.item<double>() >= r.at("policy_timing/infer_ms").tensor.item<double>());
+    CHECK(r.count("server_timing/prev_total_ms") == (i > 0 ? 1u : 0u));
+  }
+  // A different observation gives different actions (the answer depends on the input).
+  const auto other = c.infer(serve::encode_fields(libero_fields(4)));
+  CHECK(max_abs_diff(other.at("actions").tensor, expected) > 1e-4);
+}
+
+TEST_CASE("pi0-serve: bad frames get a text error and close 1011 and the server keeps serving", "[serve]") {
+  TempDir dir("pi0serve");
+  const auto b = make_tiny_bundle(dir, "libero");
+  LiveServer live(b, serve::Robot::kLibero);
+  const std::string good = serve::encode_fields(libero_fields(1));
+  const std::string f8(64, '\0');  // eight float64
+
+  struct Bad {
+    std::string name, frame;
+    bool text;
+    std::string expected;
+  };
+  std::vector<Bad> bad = {
+      {"text frame", "{\"observation/state\": [1]}", true, "expected a binary msgpack frame"},
+      {"invalid msgpack", std::string("\xc1\xc1", 2), false, "invalid msgpack frame"},
+      {"truncated frame", good.substr(0, good.size() / 2), false, "invalid msgpack frame"},
+      {"empty frame", "", false, "empty frame"},
+      {"non-map frame", std::string("\x93\x01\x02\x03", 4), false, "frame holds a list"},
+      {"wrong dtype string", with_state("<c16", {8}, f8), false, "dtype '<c16' is not supported"},
+      {"truncated data", with_state("<f8", {8}, f8.substr(0, 60)), false, "needs 64 bytes, but data holds 60"},
+      {"shape product != bytes", with_state("<f8", {4, 4}, f8), false, "needs 128 bytes, but data holds 64"},
+      {"huge declared shape", with_state("<f8", {1LL << 40, 1LL << 40, 1LL << 40}, f8), false, "more than 2^64"},
+      {"wrong state shape", with_state("<f8", {7}, f8.substr(0, 56)), false, "'observation/state' has shape [7]"},
+      {"wrong state dtype", with_state("<i8", {8}, f8), false, "'observation/state' has dtype Long"},
+  };
+  {
+    auto f = libero_fields(1);
+    f.erase("observation/state");
+    bad.push_back({"missing key", serve::encode_fields(f), false, "missing key 'observation/state'"});
+    f = libero_fields(1);
+    f["observation/image"].tensor = torch::zeros({16, 16, 4}, torch::kUInt8);
+    bad.push_back({"image of unexpected size", serve::encode_fields(f), false, "'observation/image' has shape [16, 16, 4]"});
+    f = libero_fields(1);
+    f["observation/image"].tensor = torch::zeros({5000, 2, 3}, torch::kUInt8);
+    bad.push_back({"image too large", serve::encode_fields(f), false, "sides in [1, 4096]"});
+    f = libero_fields(1);
+    f["observation/state"].tensor[2] = std::nan("");
+    bad.push_back({"NaN state", serve::encode_fields(f), false, "NaN"});
+  }
+  for (const auto& x : bad) {
+    INFO(x.name);
+    WsClient c(live.port());
+    try {
+      c.infer(x.frame, x.text);
+      FAIL("no error for " << x.name);
+    } catch (const std::runtime_error& e) {
+      const std::string msg = e.what();
+      CHECK_THAT(msg, Contains(x.expected));
+      CHECK(msg.find('\n') == std::string::npos);
+    }
+    CHECK(c.close_code() == 1011);
+  }
+  // Still serving, the same answer as before the bad frames.
+  WsClient c(live.port());
+  const auto r = c.infer(good);
+  CHECK(max_abs_diff(r.at("actions").tensor, live.policy.infer(libero_fields(1)).actions) == 0.0);
+}
+
+TEST_CASE("pi0-serve: 8 clients x 50 requests with a silent client and mid-request disconnects", "[serve]") {
+  TempDir dir("pi0serve");
+  const auto b = make_tiny_bundle(dir, "libero");
+  serve::ServerOptions so;
+  so.io_threads = 3;
+  LiveServer live(b, serve::Robot::kLibero, so);
+  constexpr int kClients = 8, kRequests = 50;
+  // Frames made here: libero_fields seeds the global generator, which the client threads must not share.
+  std::vector<torch::Tensor> expected;
+  std::vector<std::string> frames, disrupt;
+  for (int k = 0; k < kClients; ++k) {
+    expected.push_back(live.policy.infer(libero_fields(100 + k)).actions);
+    frames.push_back(serve::encode_fields(libero_fields(100 + k)));
+  }
+  for (int i = 0; i < 10; ++i) disrupt.push_back(serve::encode_fields(libero_fields(200 + i)));
+
+  // A client that sends a request and never reads the answer, held open throughout.
+  WsClient silent(live.port());
+  silent.send(serve::encode_fields(libero_fields(7)));
+
+  std::atomic<int> correct{0}, wrong{0}, failed{0};
+  std::atomic<bool> done{false};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kClients; ++k) {
+    threads.emplace_back([&, k] {
+      try {
+        WsClient c(live.port());
+        for (int i = 0; i < kRequests; ++i) {
+          const auto r = c.infer(frames[k]);
+          (max_abs_diff(r.at("actions").tensor, expected[k]) <= 1e-5 ? correct : wrong)++;
+        }
+      } catch (const std::exception&) {
+        failed++;
+      }
+    });
+  }
+  // Clients that send a request and disconnect before the answer, while the others run.
+  std::thread disrupter([&] {
+    for (int i = 0; i < 10 && !done; ++i) {
+      WsClient c(live.port());
+      c.send(disrupt[i]);
+      c.close_now();
+    }
+  });
+  for (auto& t : threads) t.join();
+  done = true;
+  disrupter.join();
+  CHECK(failed == 0);
+  CHECK(wrong == 0);
+  CHECK(correct == kClients * kRequests);
+  WsClient after(live.port());
+  CHECK(max_abs_diff(after.infer(serve::encode_fields(libero_fields(100))).at("actions").tensor, expected[0]) <= 1e-5);
+}
+
+TEST_CASE("pi0-serve: requests batched into one model call get the answers of single calls", "[serve]") {
+  TempDir dir("pi0serve");
+  const auto b = make_tiny_bundle(dir, "libero");
+  serve::ServerOptions so;
+  so.io_threads = 4;
+  LiveServer live(b, serve::Robot::kLibero, so, /*max_batch=*/8);
+  serve::Policy single(io::load_bundle(b.bundle), policy_options(b, serve::Robot::kLibero, 1));
+  constexpr int kClients = 8, kRequests = 10;
+  std::vector<torch::Tensor> expected;
+  std::vector<std::string> frames;
+  for (int k = 0; k < kClients; ++k) {
+    expected.push_back(single.infer(libero_fields(300 + k)).actions);
+    frames.push_back(serve::encode_fields(libero_fields(300 + k)));
+  }
+  std::atomic<int> correct{0};
+  std::atomic<double> worst{0.0};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kClients; ++k) {
+    threads.emplace_back([&, k] {
+      WsClient c(live.port());
+      for (int i = 0; i < kRequests; ++i) {
+        const double d = max_abs_diff(c.infer(frames[k]).at("actions").tensor, expected[k]);
+        if (d <= 1e-5) correct++;
+        double w = worst.load();
+        while (d > w && !worst.compare_exchange_weak(w, d)) {
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  INFO("largest difference to a single call: " << worst.load());
+  CHECK(correct == kClients * kRequests);
+  CHECK(live.policy.metadata().at("max_batch").get<int64_t>() == 8);
+  CHECK(live.policy.largest_batch() > 1);  // requests did share model calls
+  CHECK(live.policy.largest_batch() <= 8);
+}
+
+TEST_CASE("pi0-serve: /healthz, --api-key and --max-clients at the handshake", "[serve]") {
+  TempDir dir("pi0serve");
+  const auto b = make_tiny_bundle(dir, "libero");
+  serve::ServerOptions so;
+  so.api_key = "k3y";
+  so.max_clients = 2;
+  LiveServer live(b, serve::Robot::kLibero, so);
+  {
+    namespace http = boost::beast::http;
+    boost::asio::io_context ioc;
+    boost::asio::ip::tcp::socket s(ioc);
+    s.connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<uint16_t>(live.port())});
+    http::request<http::empty_body> req(http::verb::get, "/healthz", 11);
+    req.set(http::field::host, "127.0.0.1");
+    http::write(s, req);
+    boost::beast::flat_buffer buf;
+    http::response<http::string_body> res;
+    http::read(s, buf, res);
+    CHECK(res.result() == http::status::ok);
+    CHECK(res.body() == "OK\n");
+  }
+  CHECK_THROWS(WsClient(live.port()));
+  CHECK_THROWS(WsClient(live.port(), "Api-Key wrong"));
+  WsClient ok(live.port(), "Api-Key k3y");
+  CHECK(ok.infer(serve::encode_fields(libero_fields(1))).count("actions") == 1);
+  WsClient second(live.port(), "Api-Key k3y");
+  CHECK_THROWS(WsClient(live.port(), "Api-Key k3y"));  // a third: over --max-clients 2
+}
+
+namespace {
+
+// openpi-client==0.1.2 (and typing_extensions, which it imports but does not declare) in <build>/serve_venv;
+// created once, under a lock (test cases run in parallel). Returns the venv's python, or fails the test loudly.
+std::string openpi_client_python(const TempDir& dir) {
+  const std::string venv = std::string(PI0_BINARY_DIR) + "/serve_venv";
+  std::string python = PI0_SERVE_PYTHON;
+  if (python.empty()) python = "python3";
+  const std::string log = dir.str("venv.log");
+  const std::string cmd =
+      "flock " + venv + ".lock sh -c '" + venv + "/bin/python -c \"import openpi_client.websocket_client_policy\" 2>/dev/null || { rm -rf " +
+      venv + " && " + python + " -m venv " + venv + " && " + venv +
+      "/bin/pip install -q --disable-pip-version-check openpi-client==0.1.2 typing_extensions; }' > " + log + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), {});
+  INFO("creating the openpi-client venv failed (needs python3-venv and PyPI access): " << cmd << "\n" << text);
+  REQUIRE(rc == 0);
+  return venv + "/bin/python";
+}
+
+}  // namespace
+
+TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and aloha and raw and exits 0 on SIGTERM", "[serve]") {
+  TempDir dir("pi0serve");
+  const std::string python = openpi_client_python(dir);
+  TempDir dir_libero("pi0serve_libero"), dir_aloha("pi0serve_aloha");
+  const auto libero = make_tiny_bundle(dir_libero, "libero");
+  const auto aloha = make_tiny_bundle(dir_aloha, "aloha");
+  struct Case {
+    std::string robot;
+    const TinyBundle* bundle;
+    int64_t dims;
+    std::string api_key;
+  };
+  const std::vector<Case> cases = {{"libero", &libero, 7, "k3y"}, {"aloha", &aloha, 14, ""}, {"raw", &libero, 8, ""}};
+  for (const auto& c : cases) {
+    INFO("robot " << c.robot);
+    const std::string steps = "--num-steps 3";
+    AppProcess app("pi0-serve",
+                   "--bundle " + c.bundle->bundle + " --robot " + c.robot + " --host 127.0.0.1 --port 0 --noise " +
+                       c.bundle->noise + " " + steps + (c.api_key.empty() ? "" : " --api-key " + c.api_key),
+                   dir, "serve_" + c.robot);
+    const int port = app.port();
+    INFO("pi0-serve stderr: " << app.stderr_text());
+    REQUIRE(port > 0);
+    const std::string out = dir.str(c.robot);
+    const std::string log = dir.str(c.robot + "_driver.log");
+    const std::string cmd = "timeout 300 " + python + " " + std::string(PI0_SOURCE_DIR) +
+                            "/tests/serve/openpi_client_driver.py --port " + std::to_string(port) + " --robot " + c.robot +
+                            " --out " + out + " --cases 3" + (c.api_key.empty() ? "" : " --api-key " + c.api_key) + " > " +
+                            log + " 2>&1";
+    const int rc = std::system(cmd.c_str());
+    {
+      std::ifstream in(log);
+      INFO("driver: " << std::string((std::istreambuf_iterator<char>(in)), {}));
+      REQUIRE(rc == 0);
+    }
+    for (int i = 0; i < 3; ++i) {
+      std::ifstream pin(out + "/prompt_" + std::to_string(i) + ".txt");
+      const std::string prompt((std::istreambuf_iterator<char>(pin)), {});
+      const std::string infer_out = out + "/infer_" + std::to_string(i) + ".safetensors";
+      const std::string icmd = std::string(PI0_BINARY_DIR) + "/pi0-infer --bundle " + c.bundle->bundle + " --obs " + out +
+                               "/obs_" + std::to_string(i) + ".safetensors --prompt '" + prompt + "' --noise " +
+                               c.bundle->noise + " " + steps + " --out " + infer_out + " > /dev/null 2>&1";
+      REQUIRE(std::system(icmd.c_str()) == 0);
+      const auto want = io::read_safetensors(infer_out).at("actions_unnormalized")[0].narrow(-1, 0, c.dims);
+      const auto got = io::read_safetensors(out + "/actions_" + std::to_string(i) + ".safetensors").at("actions");
+      INFO("case " << i);
+      REQUIRE(got.sizes() == want.sizes());
+      CHECK(max_abs_diff(got, want) <= 1e-5);
+      CHECK(want.abs().max().item<double>() > 1e-3);  // not trivially zero
+    }
+    CHECK(app.stop(SIGTERM) == 0);
+    CHECK_THAT(app.stdout_text(), Contains("pi0-serve: stopped"));
+  }
+}
