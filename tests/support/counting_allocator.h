@@ -4,6 +4,9 @@
 #pragma once
 #include <atomic>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
 
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
@@ -23,35 +26,46 @@ class CountingCpuAllocator final : public c10::Allocator {
 #else
   c10::DataPtr allocate(size_t n) const override { return allocate_counted(n); }
 #endif
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
 
   int64_t current() const { return current_.load(); }
   int64_t peak() const { return peak_.load(); }
   void reset_peak() { peak_.store(current_.load()); }
 
  private:
-  struct Ctx {
-    c10::DataPtr inner;
-    size_t bytes;
-  };
+  // The wrapped allocation of each pointer we handed out (context == data, as raw_allocate requires).
   static void release(void* p) {
-    auto* ctx = static_cast<Ctx*>(p);
-    instance().current_ -= static_cast<int64_t>(ctx->bytes);
-    delete ctx;  // frees through the wrapped allocator
+    auto& self = instance();
+    c10::DataPtr inner;
+    {
+      std::lock_guard<std::mutex> lock(self.mutex_);
+      auto it = self.live_.find(p);
+      if (it == self.live_.end()) return;
+      self.current_ -= static_cast<int64_t>(it->second.second);
+      inner = std::move(it->second.first);
+      self.live_.erase(it);
+    }
+    // `inner` frees through the wrapped allocator here.
   }
   c10::DataPtr allocate_counted(size_t n) const {
     auto inner = base_->allocate(n);
     void* data = inner.get();
     const auto device = inner.device();
-    auto* ctx = new Ctx{std::move(inner), n};
+    if (data == nullptr) return inner;  // zero-size allocations
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_.emplace(data, std::make_pair(std::move(inner), n));
+    }
     const int64_t now = current_ += static_cast<int64_t>(n);
     int64_t p = peak_.load();
     while (now > p && !peak_.compare_exchange_weak(p, now)) {
     }
-    return {data, ctx, &release, device};
+    return {data, data, &release, device};
   }
   CountingCpuAllocator() : base_(c10::GetCPUAllocator()) {}
   c10::Allocator* base_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, std::pair<c10::DataPtr, size_t>> live_;
   mutable std::atomic<int64_t> current_{0}, peak_{0};
 };
 

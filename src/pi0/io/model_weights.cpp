@@ -1,6 +1,7 @@
 #include "pi0/io/model_weights.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -119,16 +120,28 @@ LoadReport load_model_weights(model::Pi0Impl& model, const std::string& path, co
     src.file_name[norm] = n;
   }
   src.shape = [&](const std::string& n) { return file.info(src.file_name.at(n)).shape; };
+  // Progress lines for multi-GB files (a full-size model takes tens of seconds to read).
+  const uint64_t total = file.file_size();
+  uint64_t done = 0, next_report = 2ull << 30;
+  const auto t0 = std::chrono::steady_clock::now();
   src.read_into = [&](const std::string& n, const torch::Tensor& dst) {
     file.read_into(src.file_name.at(n), dst);
     file.release(src.file_name.at(n));
+    done += file.info(src.file_name.at(n)).nbytes();
+    if (done >= next_report && done < total) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      spdlog::info("loading {}: {:.1f}/{:.1f} GB ({:.2f} GB/s)", path, done / 1e9, total / 1e9, done / 1e9 / s);
+      next_report += 2ull << 30;
+    }
   };
   std::map<std::string, std::string> aliases;
   for (const auto& [k, v] : file.metadata()) {
     aliases[lerobot && starts_with(k, "model.") ? k.substr(6) : k] = lerobot && starts_with(v, "model.") ? v.substr(6) : v;
   }
   auto report = load_from(model, src, path, aliases, options);
-  spdlog::info("loaded {} tensors from {}{}", report.loaded.size(), path, lerobot ? " (LeRobot layout)" : "");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("loaded {} tensors ({:.2f} GB) from {}{} in {:.1f} s", report.loaded.size(), done / 1e9, path,
+               lerobot ? " (LeRobot layout)" : "", secs);
   return report;
 }
 
@@ -250,7 +263,8 @@ BaseWeightsRef make_base_ref(const std::string& path) {
 void write_base_ref(const std::string& checkpoint_dir, const BaseWeightsRef& ref) {
   namespace fs = std::filesystem;
   const nlohmann::json j = {{"path", ref.path}, {"size", ref.size}, {"checksum", ref.checksum},
-                            {"checksum_algorithm", "pi0 xxh64-lanes (file_checksum)"}};
+                            {"checksum_algorithm", "pi0 xxh64-lanes (file_checksum)"},
+                            {"frozen_dtype", ref.frozen_dtype}};
   const auto path = fs::path(checkpoint_dir) / kBaseRefFile;
   const auto tmp = path.string() + ".tmp";
   {
@@ -272,6 +286,9 @@ std::optional<BaseWeightsRef> read_base_ref(const std::string& checkpoint_dir) {
     ref.path = j.at("path").get<std::string>();
     ref.size = j.at("size").get<uint64_t>();
     ref.checksum = j.at("checksum").get<std::string>();
+    ref.frozen_dtype = j.value("frozen_dtype", std::string());
+    if (!ref.frozen_dtype.empty() && !scalar_type_from_dtype(ref.frozen_dtype))
+      throw std::runtime_error("frozen_dtype '" + ref.frozen_dtype + "' is not a safetensors dtype");
     return ref;
   } catch (const std::exception& e) {
     throw UserError(path.string() + ": malformed (" + e.what() + "); expected {\"path\", \"size\", \"checksum\"}");
@@ -309,6 +326,16 @@ std::string load_checkpoint_weights(model::Pi0Impl& model, const std::string& ch
   LoadOptions base_opts;
   base_opts.reinit_mismatched_projections = reinit_mismatched_projections;
   auto base_report = load_model_weights(model, base, base_opts);
+  if (!ref->frozen_dtype.empty()) {
+    const auto narrow = *scalar_type_from_dtype(ref->frozen_dtype);
+    const std::set<std::string> from_base(base_report.loaded.begin(), base_report.loaded.end());
+    torch::NoGradGuard no_grad;
+    for (auto& item : model.named_parameters()) {
+      auto& p = item.value();
+      if (from_base.count(item.key()) && p.scalar_type() != narrow && c10::elementSize(narrow) < p.element_size())
+        p.copy_(p.to(narrow));
+    }
+  }
   LoadOptions ck;
   ck.strict = false;  // the frozen part came from the base
   auto report = load_model_weights(model, model_file, ck);

@@ -87,6 +87,10 @@ struct BaseWeightsRef {
   std::string path;      ///< absolute path of the base model.safetensors
   uint64_t size = 0;     ///< its size in bytes
   std::string checksum;  ///< file_checksum() of it
+  /// The dtype the run keeps its frozen weights in ("BF16" in bf16 / bf16-mixed runs; "" = as in the file). The
+  /// base is rounded to it when loaded into a wider parameter (export to float32), so a small checkpoint gives
+  /// exactly the weights the run trained with, as a self-contained one does.
+  std::string frozen_dtype;
 };
 
 /// The reference for `path` (size and checksum computed now; reads the whole file once).

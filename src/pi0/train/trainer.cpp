@@ -198,6 +198,7 @@ void Trainer::build_model() {
     const bool partial = std::find(trainable_.begin(), trainable_.end(), false) != trainable_.end();
     if (partial && !ck.self_contained && rank0) {
       base_ref_ = io::make_base_ref(ck.init_weights);
+      if (precision != "float32") base_ref_->frozen_dtype = "BF16";
       base_names_.insert(report.loaded.begin(), report.loaded.end());
       spdlog::info("checkpoints store what trains and refer to the frozen base {} (checksum {}); "
                    "checkpoint.self_contained=true stores everything",
