@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/threads.h"
 #include "pi0/io/bundle.h"
 #include "pi0/train/checkpoint_dir.h"
 
@@ -16,9 +17,10 @@ namespace {
 
 const char* kUsage =
     "usage: pi0-export --checkpoint <run dir | run_dir/checkpoints/<step>> --out <bundle dir>\n"
-    "                  [--weights ema|model] [--dtype bf16|float32]\n"
+    "                  [--weights ema|model] [--dtype bf16|float32] [--base-weights PATH]\n"
     "  --weights  default: ema if the checkpoint has EMA weights, else model\n"
-    "  --dtype    dtype of the exported weights (default bf16, like openpi's converter)\n";
+    "  --dtype    dtype of the exported weights (default bf16, like openpi's converter)\n"
+    "  --base-weights  a small checkpoint's frozen base (base_weights.json) at a new location\n";
 
 // A checkpoint directory as given, or the newest complete checkpoint of a run directory.
 std::string resolve_checkpoint(const std::string& path) {
@@ -38,6 +40,7 @@ std::string resolve_checkpoint(const std::string& path) {
 
 int main(int argc, char** argv) {
   try {
+    spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU
     std::string checkpoint, out;
     pi0::io::ExportOptions opt;
     for (int i = 1; i < argc; ++i) {
@@ -47,6 +50,7 @@ int main(int argc, char** argv) {
         return argv[++i];
       };
       if (a == "--checkpoint") checkpoint = value();
+      else if (a == "--base-weights") opt.base_weights = value();
       else if (a == "--out") out = value();
       else if (a == "--weights") {
         opt.weights = value();

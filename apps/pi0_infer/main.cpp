@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/threads.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/io/bundle.h"
 #include "pi0/io/safetensors.h"
@@ -24,7 +25,8 @@ namespace {
 const char* kUsage =
     "usage: pi0-infer --bundle DIR --obs obs.safetensors --out actions.safetensors [--prompt \"...\"]\n"
     "                 [--noise noise.safetensors] [--num-steps 10] [--device cpu|cuda[:N]] [--loss]\n"
-    "                 [--cuda-graph on|off]\n"
+    "                 [--cuda-graph on|off] [--dtype bf16|f32]\n"
+    "  --dtype    compute precision (default: the bundle's, i.e. bf16 for a bf16 export)\n"
     "  --prompt   task text, tokenized with the bundle's tokenizer (else the file's tokenized_prompt[_mask])\n"
     "  --noise    initial noise [B,H,A] (key 'noise'; else the obs file's 'noise', else random)\n"
     "  --loss     the obs file also holds actions [B,H,A] (model space), noise [B,H,A] and time [B]:\n"
@@ -37,6 +39,7 @@ struct Args {
   int64_t num_steps = 10;
   bool loss = false;
   bool cuda_graph = true;
+  std::optional<torch::ScalarType> dtype;
 };
 
 Args parse_args(int argc, char** argv) {
@@ -54,6 +57,12 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--noise") a.noise = value();
     else if (arg == "--device") a.device = value();
     else if (arg == "--loss") a.loss = true;
+    else if (arg == "--dtype") {
+      const auto v = value();
+      if (v == "bf16" || v == "bfloat16") a.dtype = torch::kBFloat16;
+      else if (v == "f32" || v == "float32") a.dtype = torch::kFloat32;
+      else throw pi0::UserError("--dtype: got '" + v + "', expected bf16 or f32");
+    }
     else if (arg == "--cuda-graph") {
       const auto v = value();
       if (v != "on" && v != "off") throw pi0::UserError("--cuda-graph: got '" + v + "', expected on or off");
@@ -62,6 +71,7 @@ Args parse_args(int argc, char** argv) {
     else if (arg == "--num-steps") {
       const auto v = value();
       try {
+    spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU
         size_t used = 0;
         a.num_steps = std::stoll(v, &used);
         if (used != v.size()) throw std::invalid_argument(v);
@@ -126,7 +136,9 @@ int main(int argc, char** argv) {
     const Args args = parse_args(argc, argv);
     const torch::Device device = parse_device(args.device);
     const auto obs_tensors = pi0::io::read_safetensors(args.obs);  // read first: input errors before the (slow) model load
-    pi0::io::Bundle bundle = pi0::io::load_bundle(args.bundle, device);
+    pi0::io::Bundle bundle = pi0::io::load_bundle(args.bundle, device, args.dtype);
+    spdlog::info("computing in {}{}", bundle.dtype == torch::kBFloat16 ? "bf16" : "float32",
+                 args.dtype ? " (--dtype)" : " (the bundle's precision; --dtype f32 to change)");
     std::unique_ptr<pi0::data::Tokenizer> tokenizer;
     if (args.prompt) tokenizer = std::make_unique<pi0::data::Tokenizer>(bundle.tokenizer_path);
     auto inputs = pi0::io::make_inference_inputs(bundle, obs_tensors, args.obs, args.prompt, tokenizer.get());

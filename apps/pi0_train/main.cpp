@@ -4,6 +4,8 @@
 // size and rendezvous come from the environment (see docs/distributed.md).
 // Exit codes: 0 done (or stopped by SIGINT/SIGTERM after saving), 2 bad input, 3 training diverged, 1 internal,
 // 4 distributed failure (a peer rank died or hung, rendezvous failed).
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -73,8 +75,22 @@ int main(int argc, char** argv) {
     auto cfg = pi0::config::load_config(args.config, args.overrides);
     if (args.print_params) {
       const auto b = pi0::train::planned_breakdown(cfg);
-      if (args.json) std::cout << pi0::train::breakdown_json(b).dump(2) << "\n";
-      else std::cout << pi0::train::format_breakdown(b);
+      // A model built from scratch draws its random initialization in float32 before converting what is stored
+      // narrower: that transient is the start-up peak. Weights from a file are created in their storage dtype.
+      const bool from_file = !cfg.checkpoint.init_weights.empty() || args.resume;
+      const int64_t startup_peak = from_file ? 0 : b.total.total * 4;  // before the optimizer state exists
+      if (args.json) {
+        auto j = pi0::train::breakdown_json(b);
+        j["startup_peak_bytes"] = std::max(startup_peak, b.total.memory_bytes() - b.total.grad_bytes);
+        std::cout << j.dump(2) << "\n";
+      } else {
+        std::cout << pi0::train::format_breakdown(b);
+        if (startup_peak > b.total.memory_bytes() - b.total.grad_bytes) {
+          std::printf("start-up peak: %.2f GiB (random initialization in float32; set checkpoint.init_weights to "
+                      "build directly in the storage dtypes)\n",
+                      static_cast<double>(startup_peak) / (1ull << 30));
+        }
+      }
       return 0;
     }
     pi0::train::RunOptions run;

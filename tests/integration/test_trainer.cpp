@@ -149,9 +149,12 @@ TEST_CASE("bad runs give one-line errors and lose nothing", "[integration][train
     t.run();
   }
   const auto before = train::complete_checkpoints(run.dir.str("existing"));
-  train::Trainer again(run.config("existing", {"train.num_steps=4"}));
-  REQUIRE_THROWS_WITH(again.run(), Contains("already holds checkpoints (newest: step 2); pass --resume"));
+  // Refused in the constructor, before any model is built.
+  REQUIRE_THROWS_WITH(train::Trainer(run.config("existing", {"train.num_steps=4"})),
+                      Contains("already holds checkpoints (newest: step 2); pass --resume"));
   CHECK(train::complete_checkpoints(run.dir.str("existing")) == before);
+  REQUIRE_THROWS_WITH(train::Trainer(run.config("y", {"checkpoint.init_weights=" + run.dir.str("nope.safetensors")})),
+                      Contains("checkpoint.init_weights '" + run.dir.str("nope.safetensors") + "': no such file"));
 }
 
 TEST_CASE("learning: the tiny pi0.5 lowers its loss 5x and its sampled actions approach the data", "[integration][train][slow]") {

@@ -1,6 +1,11 @@
 #include "pi0/common/threads.h"
 
 #include <dlfcn.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
 
 #include <ATen/Parallel.h>
 
@@ -40,8 +45,24 @@ ThreadCounts thread_counts() {
   return c;
 }
 
+int default_num_threads() {
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    if (end != env && v > 0) return static_cast<int>(v);
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
 ThreadCounts set_num_threads(int n) {
-  if (n > 0) at::set_num_threads(n);  // also sets OpenMP's team size when ATen's backend is OpenMP
+  at::set_num_threads(n > 0 ? n : default_num_threads());  // also sets OpenMP's team size (OpenMP backend)
   const int threads = at::get_num_threads();
   if (auto f = lookup<SetInt>("omp_set_num_threads")) f(threads);
   if (auto f = lookup<SetInt>("openblas_set_num_threads")) f(threads);

@@ -18,9 +18,13 @@ struct ThreadCounts {
   std::string describe() const;
 };
 
-/// Sets ATen, OpenMP and the BLAS to `n` threads. n <= 0 keeps ATen's default (OMP_NUM_THREADS, else the core
-/// count) and makes OpenMP and the BLAS follow it, so the three always agree. Returns the effective counts.
+/// Sets ATen, OpenMP and the BLAS to `n` threads. n <= 0 means default_num_threads(). The three always agree.
+/// Returns the effective counts.
 ThreadCounts set_num_threads(int n);
+/// OMP_NUM_THREADS when set to a positive number, else the CPUs this process may run on (sched_getaffinity:
+/// cgroup/taskset-aware, and counting hyperthreads, which ATen's own default of physical cores does not: on a
+/// 2-vCPU machine that default was 1 thread and twice the step time).
+int default_num_threads();
 /// The effective counts now.
 ThreadCounts thread_counts();
 

@@ -196,7 +196,7 @@ struct TrainConfig {
     v("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
     v("max_nonfinite_skips", max_nonfinite_skips, "optimizer steps with a non-finite loss/grad norm that may be skipped before the run stops");
     v("log_interval", log_interval, "steps between progress lines and metrics records");
-    v("num_threads", num_threads, "CPU threads of ATen, OpenMP and the BLAS together; 0 = OMP_NUM_THREADS or all cores");
+    v("num_threads", num_threads, "CPU threads of ATen, OpenMP and the BLAS together; 0 = OMP_NUM_THREADS, else every CPU this process may use (affinity-aware)");
   }
 };
 
@@ -208,6 +208,7 @@ struct CheckpointConfig {
   std::string init_weights;
   bool reinit_mismatched_projections = false;
   std::string asset_id = "default";
+  bool self_contained = false;
 
   template <class V>
   void visit(V& v) {
@@ -218,6 +219,7 @@ struct CheckpointConfig {
     v("init_weights", init_weights, "openpi/LeRobot model.safetensors to start from (weights only); empty = random init");
     v("reinit_mismatched_projections", reinit_mismatched_projections, "re-initialize action/state projections whose shape differs from init_weights (different action_dim)");
     v("asset_id", asset_id, "name of the assets/<asset_id>/ folder holding norm_stats.json in exports");
+    v("self_contained", self_contained, "true: every checkpoint holds all weights; false: a partial fine-tune from init_weights stores what trains plus a checksummed reference to init_weights");
   }
 };
 

@@ -15,6 +15,7 @@
 #include "pi0/io/safetensors.h"
 #include "pi0/model/model_config.h"
 #include "pi0/nn/dense.h"
+#include "pi0/nn/param_device.h"
 #include "pi0/train/checkpoint_dir.h"
 #include "pi0/train/data_setup.h"
 
@@ -124,12 +125,30 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
 
   config::Config cfg = config::load_config((ckpt / kConfigYaml).string());
   const auto asset_id = find_asset_id(ckpt, cfg.checkpoint.asset_id);
-  model::Pi0 model(model::options_from_config(cfg.model));
-  load_model_weights(*model, (ckpt / kModelFile).string());
+  const auto base_ref = read_base_ref(checkpoint_dir);
+  const std::string base_path = options.base_weights.empty() && base_ref ? base_ref->path : options.base_weights;
+  if (base_ref && !fs::exists(base_path)) {
+    throw UserError((ckpt / kBaseRefFile).string() + ": the base weights '" + base_path + "' this checkpoint builds " +
+                    "on do not exist; if they moved, point at the new location with --base-weights NEW_PATH");
+  }
+  // Built uninitialized: every value comes from the files. For a bf16 export, a parameter the files store in
+  // bf16 (frozen weights of a bf16-mixed run) stays bf16, so the float32 model never exists in full; merging LoRA
+  // into it computes in float32 and rounds once, as before.
+  model::Pi0 model{nullptr};
+  {
+    nn::SkipInitScope skip;
+    model = model::Pi0(model::options_from_config(cfg.model));
+  }
+  if (options.dtype == torch::kBFloat16) {
+    auto keep_bf16 = [](const std::string&, torch::ScalarType t) { return t == torch::kBFloat16; };
+    if (base_ref) adopt_file_dtypes(*model, base_path, keep_bf16);
+    adopt_file_dtypes(*model, (ckpt / kModelFile).string(), keep_bf16);
+  }
+  load_checkpoint_weights(*model, checkpoint_dir, options.base_weights, "--base-weights NEW_PATH");
   if (weights == "ema") {
     SafetensorsFile ema((ckpt / kEmaFile).string());
     std::map<std::string, torch::Tensor> averages;
-    for (const auto& n : ema.names()) averages[n] = ema.get(n);
+    for (const auto& n : ema.names()) averages[n] = ema.get(n);  // views of the mapping, copied one at a time
     LoadOptions lo;
     lo.strict = false;  // EMA covers the trainable parameters only; the rest stay from model.safetensors
     auto report = load_named_weights(*model, averages, ema.path(), lo);
@@ -161,6 +180,13 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     so.dtype = options.dtype;
     so.openpi_layout = true;
     so.include_lora = false;
+    uint64_t next_report = 2ull << 30;
+    so.progress = [&](uint64_t done, uint64_t total) {
+      if (done >= next_report && done < total) {
+        spdlog::info("writing {}: {:.1f}/{:.1f} GB", kModelFile, done / 1e9, total / 1e9);
+        next_report += 2ull << 30;
+      }
+    };
     save_model_weights(*model, (tmp / kModelFile).string(), so);
     rep.num_tensors = static_cast<int64_t>(SafetensorsFile((tmp / kModelFile).string()).size());
     const auto& o = model->options();
@@ -193,7 +219,8 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
   return rep;
 }
 
-Bundle load_bundle(const std::string& dir, const torch::Device& device) {
+Bundle load_bundle(const std::string& dir, const torch::Device& device,
+                   std::optional<torch::ScalarType> compute_dtype) {
   const fs::path d(dir);
   if (!fs::is_directory(d)) throw UserError(dir + ": no such bundle directory");
   for (const char* f : {kModelFile, kConfigYaml, kTokenizerFile}) {
@@ -210,9 +237,24 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device) {
     b.norm_stats = data::load_norm_stats(stats_path.string());
   }
   b.tokenizer_path = (d / kTokenizerFile).string();
-  b.model = model::Pi0(model::options_from_config(b.config.model));
+  {
+    // Uninitialized, on the device, in the bundle's dtype: the weights are read straight into their final place.
+    nn::ParamDeviceScope on_device(device);
+    nn::SkipInitScope skip;
+    b.model = model::Pi0(model::options_from_config(b.config.model));
+  }
+  // Compute at the bundle's precision unless asked otherwise.
+  SafetensorsFile weights_file((d / kModelFile).string());
+  const auto stored = weights_file.info(weights_file.names().front()).scalar_type;
+  const auto dtype = compute_dtype.value_or(stored == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat32);
+  if (dtype == torch::kBFloat16) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : b.model->parameters()) p.set_data(torch::empty(p.sizes(), p.options().dtype(torch::kBFloat16)));
+    b.model->to(torch::kBFloat16);  // buffers
+    b.model->set_compute_dtype(torch::kBFloat16);
+  }
+  b.dtype = dtype;
   load_model_weights(*b.model, (d / kModelFile).string());
-  b.model->to(device);
   b.model->eval();
   return b;
 }

@@ -32,6 +32,8 @@ struct ExportOptions {
   std::string weights;
   /// dtype of every tensor in the exported model.safetensors: bfloat16 (openpi converter default) or float32.
   torch::ScalarType dtype = torch::kBFloat16;
+  /// Base weights of a small checkpoint (base_weights.json) at a new location; empty = the recorded path.
+  std::string base_weights;
 };
 
 struct ExportReport {
@@ -48,7 +50,7 @@ struct ExportReport {
 ExportReport export_bundle(const std::string& checkpoint_dir, const std::string& out_dir,
                            const ExportOptions& options = {});
 
-/// A loaded bundle: the model (float32 parameters, eval mode, on `device`) and what its inputs need.
+/// A loaded bundle: the model (eval mode, on `device`, parameters and compute in `dtype`) and what its inputs need.
 struct Bundle {
   std::string dir;
   config::Config config;         ///< model/data sections describe the model and its transforms
@@ -56,10 +58,13 @@ struct Bundle {
   data::NormStats norm_stats;    ///< from assets/<asset_id>/norm_stats.json
   std::string tokenizer_path;    ///< <dir>/tokenizer.model
   data::TransformOptions transform;  ///< resolved training transform options (norm mode, dims, prompt format)
+  torch::ScalarType dtype = torch::kFloat32;  ///< parameter and compute dtype of the model
 };
 
-/// Loads `dir` (written by export_bundle). Throws pi0::UserError naming the missing or malformed file.
-Bundle load_bundle(const std::string& dir, const torch::Device& device = torch::kCPU);
+/// Loads `dir` (written by export_bundle). The model computes in `compute_dtype`; by default in the bundle's own
+/// precision (bf16 for a bf16 bundle, else float32). Throws pi0::UserError naming the missing or malformed file.
+Bundle load_bundle(const std::string& dir, const torch::Device& device = torch::kCPU,
+                   std::optional<torch::ScalarType> compute_dtype = std::nullopt);
 
 /// Model inputs built from an observation file's tensors, plus the raw state kept for unnormalizing.
 struct InferenceInputs {

@@ -1,6 +1,11 @@
 #include "pi0/io/model_weights.h"
 
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
@@ -115,16 +120,28 @@ LoadReport load_model_weights(model::Pi0Impl& model, const std::string& path, co
     src.file_name[norm] = n;
   }
   src.shape = [&](const std::string& n) { return file.info(src.file_name.at(n)).shape; };
+  // Progress lines for multi-GB files (a full-size model takes tens of seconds to read).
+  const uint64_t total = file.file_size();
+  uint64_t done = 0, next_report = 2ull << 30;
+  const auto t0 = std::chrono::steady_clock::now();
   src.read_into = [&](const std::string& n, const torch::Tensor& dst) {
     file.read_into(src.file_name.at(n), dst);
     file.release(src.file_name.at(n));
+    done += file.info(src.file_name.at(n)).nbytes();
+    if (done >= next_report && done < total) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      spdlog::info("loading {}: {:.1f}/{:.1f} GB ({:.2f} GB/s)", path, done / 1e9, total / 1e9, done / 1e9 / s);
+      next_report += 2ull << 30;
+    }
   };
   std::map<std::string, std::string> aliases;
   for (const auto& [k, v] : file.metadata()) {
     aliases[lerobot && starts_with(k, "model.") ? k.substr(6) : k] = lerobot && starts_with(v, "model.") ? v.substr(6) : v;
   }
   auto report = load_from(model, src, path, aliases, options);
-  spdlog::info("loaded {} tensors from {}{}", report.loaded.size(), path, lerobot ? " (LeRobot layout)" : "");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("loaded {} tensors ({:.2f} GB) from {}{} in {:.1f} s", report.loaded.size(), done / 1e9, path,
+               lerobot ? " (LeRobot layout)" : "", secs);
   return report;
 }
 
@@ -151,12 +168,17 @@ std::vector<model::ParamSpec> export_layout(const model::Pi0Options& options) {
 
 void save_model_weights(model::Pi0Impl& model, const std::string& path, const SaveOptions& options,
                         const std::map<std::string, torch::Tensor>* replace) {
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::vector<LazyTensor> tensors;
   std::map<std::string, std::string> metadata;
-  auto convert = [&](const torch::Tensor& t) { return options.dtype ? t.detach().to(*options.dtype) : t.detach(); };
+  auto lazy = [&](const std::string& name, const torch::Tensor& t) {
+    const auto dtype = options.dtype.value_or(t.scalar_type());
+    // The conversion happens when the writer gets to this tensor, and its result is dropped right after.
+    tensors.push_back({name, dtype, t.sizes().vec(), [t, dtype] { return t.detach().to(dtype); }});
+  };
   for (const auto& item : model.named_parameters()) {
     const auto& name = item.key();
     if (!options.include_lora && name.find(".lora_") != std::string::npos) continue;
+    if (options.include && !options.include(name)) continue;
     torch::Tensor value = item.value();
     if (replace) {
       auto it = replace->find(name);
@@ -164,20 +186,172 @@ void save_model_weights(model::Pi0Impl& model, const std::string& path, const Sa
     }
     if (options.openpi_layout && name == model::kEmbeddingName) {
       // Stored once under the lexicographically smaller tied name, as safetensors.save_model does.
-      tensors.emplace_back(kLmHeadName, convert(value));
+      lazy(kLmHeadName, value);
       metadata[model::kEmbeddingName] = kLmHeadName;
       continue;
     }
-    tensors.emplace_back(name, convert(value));
+    lazy(name, value);
   }
   if (options.openpi_layout) {
     const auto& o = model.options();
     auto dtype = options.dtype.value_or(model.action_in_proj->weight.scalar_type());
     // Unused by the forward pass but required by openpi's strict loader.
-    tensors.emplace_back(kExpertLmHeadName, torch::zeros({o.paligemma.vocab_size, o.action_expert.width}, dtype));
+    const std::vector<int64_t> shape = {o.paligemma.vocab_size, o.action_expert.width};
+    tensors.push_back({kExpertLmHeadName, dtype, shape, [shape, dtype] { return torch::zeros(shape, dtype); }});
     metadata["format"] = "pt";
   }
-  save_safetensors(path, tensors, metadata);
+  save_safetensors_lazy(path, tensors, metadata, options.progress);
+}
+
+namespace {
+// Tensor names of a model file normalized as load_model_weights does: LeRobot's "model." prefix dropped.
+struct FileNames {
+  bool lerobot = false;
+  std::map<std::string, std::string> file_name;  // normalized → in the file
+  std::map<std::string, std::string> aliases;
+};
+
+FileNames file_names(const SafetensorsFile& file) {
+  FileNames f;
+  f.lerobot = !file.names().empty() && std::all_of(file.names().begin(), file.names().end(), [](const auto& n) {
+    return starts_with(n, "model.");
+  });
+  for (const auto& n : file.names()) f.file_name[f.lerobot ? n.substr(6) : n] = n;
+  for (const auto& [k, v] : file.metadata()) {
+    f.aliases[f.lerobot && starts_with(k, "model.") ? k.substr(6) : k] =
+        f.lerobot && starts_with(v, "model.") ? v.substr(6) : v;
+  }
+  return f;
+}
+}  // namespace
+
+int64_t adopt_file_dtypes(model::Pi0Impl& model, const std::string& path,
+                          const std::function<bool(const std::string&, torch::ScalarType)>& accept) {
+  SafetensorsFile file(path);
+  const auto f = file_names(file);
+  int64_t changed = 0;
+  torch::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters()) {
+    const auto& name = item.key();
+    std::string from = name;
+    if (!f.file_name.count(from)) {
+      if (name == model::kEmbeddingName && f.file_name.count(kLmHeadName)) from = kLmHeadName;
+      else if (f.aliases.count(name) && f.file_name.count(f.aliases.at(name))) from = f.aliases.at(name);
+      else continue;
+    }
+    const auto& info = file.info(f.file_name.at(from));
+    auto& p = item.value();
+    if (info.scalar_type == p.scalar_type() || info.shape != p.sizes().vec() || !accept(name, info.scalar_type))
+      continue;
+    p.set_data(torch::empty(p.sizes(), p.options().dtype(info.scalar_type)));
+    ++changed;
+  }
+  return changed;
+}
+
+BaseWeightsRef make_base_ref(const std::string& path) {
+  namespace fs = std::filesystem;
+  BaseWeightsRef ref;
+  ref.path = fs::absolute(path).lexically_normal().string();
+  std::error_code ec;
+  ref.size = fs::file_size(path, ec);
+  if (ec) throw UserError(path + ": cannot read the base weights (" + ec.message() + ")");
+  ref.checksum = file_checksum(path);
+  return ref;
+}
+
+void write_base_ref(const std::string& checkpoint_dir, const BaseWeightsRef& ref) {
+  namespace fs = std::filesystem;
+  const nlohmann::json j = {{"path", ref.path}, {"size", ref.size}, {"checksum", ref.checksum},
+                            {"checksum_algorithm", "pi0 xxh64-lanes (file_checksum)"},
+                            {"frozen_dtype", ref.frozen_dtype}};
+  const auto path = fs::path(checkpoint_dir) / kBaseRefFile;
+  const auto tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump(2) << "\n";
+    if (!out.flush()) throw UserError(tmp + ": cannot write");
+  }
+  fs::rename(tmp, path);
+}
+
+std::optional<BaseWeightsRef> read_base_ref(const std::string& checkpoint_dir) {
+  namespace fs = std::filesystem;
+  const auto path = fs::path(checkpoint_dir) / kBaseRefFile;
+  if (!fs::exists(path)) return std::nullopt;
+  std::ifstream in(path);
+  try {
+    const auto j = nlohmann::json::parse(in);
+    BaseWeightsRef ref;
+    ref.path = j.at("path").get<std::string>();
+    ref.size = j.at("size").get<uint64_t>();
+    ref.checksum = j.at("checksum").get<std::string>();
+    ref.frozen_dtype = j.value("frozen_dtype", std::string());
+    if (!ref.frozen_dtype.empty() && !scalar_type_from_dtype(ref.frozen_dtype))
+      throw std::runtime_error("frozen_dtype '" + ref.frozen_dtype + "' is not a safetensors dtype");
+    return ref;
+  } catch (const std::exception& e) {
+    throw UserError(path.string() + ": malformed (" + e.what() + "); expected {\"path\", \"size\", \"checksum\"}");
+  }
+}
+
+std::string load_checkpoint_weights(model::Pi0Impl& model, const std::string& checkpoint_dir,
+                                    const std::string& base_override, const std::string& override_hint,
+                                    bool reinit_mismatched_projections) {
+  namespace fs = std::filesystem;
+  const auto model_file = (fs::path(checkpoint_dir) / "model.safetensors").string();
+  const auto ref = read_base_ref(checkpoint_dir);
+  if (!ref) {
+    load_model_weights(model, model_file);
+    return "";
+  }
+  const std::string base = base_override.empty() ? ref->path : base_override;
+  const auto ref_file = (fs::path(checkpoint_dir) / kBaseRefFile).string();
+  if (!fs::exists(base)) {
+    throw UserError(ref_file + ": the base weights '" + base + "' this checkpoint builds on do not exist; if they " +
+                    "moved, point at the new location with " + override_hint);
+  }
+  std::error_code ec;
+  const auto size = fs::file_size(base, ec);
+  if (size != ref->size) {
+    throw UserError(ref_file + ": the base weights '" + base + "' have " + std::to_string(size) +
+                    " bytes, expected " + std::to_string(ref->size) + " (the file changed); point at the original " +
+                    "file with " + override_hint);
+  }
+  const auto checksum = file_checksum(base);
+  if (checksum != ref->checksum) {
+    throw UserError(ref_file + ": the base weights '" + base + "' have checksum " + checksum + ", expected " +
+                    ref->checksum + " (the file changed); point at the original file with " + override_hint);
+  }
+  LoadOptions base_opts;
+  base_opts.reinit_mismatched_projections = reinit_mismatched_projections;
+  auto base_report = load_model_weights(model, base, base_opts);
+  if (!ref->frozen_dtype.empty()) {
+    const auto narrow = *scalar_type_from_dtype(ref->frozen_dtype);
+    const std::set<std::string> from_base(base_report.loaded.begin(), base_report.loaded.end());
+    torch::NoGradGuard no_grad;
+    for (auto& item : model.named_parameters()) {
+      auto& p = item.value();
+      if (from_base.count(item.key()) && p.scalar_type() != narrow && c10::elementSize(narrow) < p.element_size())
+        p.copy_(p.to(narrow));
+    }
+  }
+  LoadOptions ck;
+  ck.strict = false;  // the frozen part came from the base
+  auto report = load_model_weights(model, model_file, ck);
+  if (!report.unexpected.empty()) {
+    throw UserError(model_file + ": tensor '" + report.unexpected.front() + "' is not a parameter of the model");
+  }
+  // Every parameter must come from one of the two files (LoRA factors included: a checkpoint always has them).
+  std::set<std::string> filled(base_report.loaded.begin(), base_report.loaded.end());
+  filled.insert(report.loaded.begin(), report.loaded.end());
+  std::vector<std::string> missing;
+  for (const auto& item : model.named_parameters())
+    if (!filled.count(item.key())) missing.push_back(item.key());
+  if (!missing.empty()) {
+    throw UserError(model_file + ": parameters in neither it nor the base '" + base + "': [" + join(missing) + "]");
+  }
+  return base;
 }
 
 }  // namespace pi0::io

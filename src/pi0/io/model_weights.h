@@ -8,6 +8,7 @@
 //    load, written (zeros) on export because openpi's strict loader requires it;
 //  - LeRobot prefixes every name with `model.`.
 #pragma once
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -52,6 +53,10 @@ struct SaveOptions {
   /// expert lm_head, so openpi's PyTorch model loads the file strictly.
   bool openpi_layout = true;
   bool include_lora = false;  ///< write LoRA factors (training checkpoints); exports merge them instead
+  /// When set, only parameters it accepts are written (small checkpoints: what trains, not the frozen base).
+  std::function<bool(const std::string&)> include;
+  /// Called with (bytes written, total bytes) after each tensor (progress lines for multi-GB files).
+  std::function<void(uint64_t, uint64_t)> progress;
 };
 
 /// Names and shapes of an openpi-layout export of a model with `options` (no LoRA), computed without allocating:
@@ -59,7 +64,48 @@ struct SaveOptions {
 std::vector<model::ParamSpec> export_layout(const model::Pi0Options& options);
 
 /// Writes the model's parameters (optionally overridden by `replace`, e.g. EMA weights) to `path` atomically.
+/// Streams: each tensor is converted (SaveOptions::dtype) only when written, so the peak is the model plus one
+/// converted tensor.
 void save_model_weights(model::Pi0Impl& model, const std::string& path, const SaveOptions& options = {},
                         const std::map<std::string, torch::Tensor>* replace = nullptr);
+
+/// Gives every parameter of `model` that `path` provides (same name resolution as load_model_weights) the dtype
+/// the file stores it in, when `accept(name, file dtype)` says so, as new *uninitialized* storage: for a model
+/// built under nn::SkipInitScope that is about to be loaded, so e.g. a bf16 base model is never materialized in
+/// float32. Returns the number of parameters changed.
+int64_t adopt_file_dtypes(model::Pi0Impl& model, const std::string& path,
+                          const std::function<bool(const std::string&, torch::ScalarType)>& accept);
+
+// ---- Small checkpoints of partial fine-tunes -------------------------------------------------------------------
+// A checkpoint of a run whose frozen weights come unchanged from checkpoint.init_weights stores only the rest
+// (model.safetensors holds what trains plus anything not taken from the base) and base_weights.json naming the
+// base file: {"path", "size", "checksum"} (file_checksum). Loading reads the base first, then the checkpoint.
+
+inline const std::string kBaseRefFile = "base_weights.json";
+
+struct BaseWeightsRef {
+  std::string path;      ///< absolute path of the base model.safetensors
+  uint64_t size = 0;     ///< its size in bytes
+  std::string checksum;  ///< file_checksum() of it
+  /// The dtype the run keeps its frozen weights in ("BF16" in bf16 / bf16-mixed runs; "" = as in the file). The
+  /// base is rounded to it when loaded into a wider parameter (export to float32), so a small checkpoint gives
+  /// exactly the weights the run trained with, as a self-contained one does.
+  std::string frozen_dtype;
+};
+
+/// The reference for `path` (size and checksum computed now; reads the whole file once).
+BaseWeightsRef make_base_ref(const std::string& path);
+void write_base_ref(const std::string& checkpoint_dir, const BaseWeightsRef& ref);
+/// The checkpoint's reference, or nullopt for a self-contained checkpoint. UserError if malformed.
+std::optional<BaseWeightsRef> read_base_ref(const std::string& checkpoint_dir);
+
+/// Fills `model` from the checkpoint directory: base weights first when the checkpoint references them (from
+/// `base_override` when non-empty, else the recorded path; the size and checksum must match, else a UserError
+/// saying which and how to point at the right file with `override_hint`), then the checkpoint's
+/// model.safetensors (strict for self-contained checkpoints). `reinit_mismatched_projections` as in LoadOptions,
+/// for the base. Returns the base file used ("" for a self-contained checkpoint).
+std::string load_checkpoint_weights(model::Pi0Impl& model, const std::string& checkpoint_dir,
+                                    const std::string& base_override, const std::string& override_hint,
+                                    bool reinit_mismatched_projections = false);
 
 }  // namespace pi0::io

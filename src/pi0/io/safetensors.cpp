@@ -410,9 +410,25 @@ void SafetensorsFile::release(const std::string& name) const {
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
+  std::vector<LazyTensor> lazy;
+  lazy.reserve(tensors.size());
+  for (const auto& [name, tensor] : tensors) {
+    const std::string where = path + ": tensor '" + name + "'";
+    if (!tensor.defined()) throw UserError(where + " is an undefined tensor");
+    if (tensor.layout() != torch::kStrided) {
+      throw UserError(where + " has a non-strided layout; convert it with to_dense() first");
+    }
+    const torch::Tensor* t = &tensor;
+    lazy.push_back({name, tensor.scalar_type(), tensor.sizes().vec(), [t] { return *t; }});
+  }
+  save_safetensors_lazy(path, lazy, metadata);
+}
+
+void save_safetensors_lazy(const std::string& path, const std::vector<LazyTensor>& tensors,
+                           const std::map<std::string, std::string>& metadata,
+                           const std::function<void(uint64_t, uint64_t)>& progress) {
   struct Entry {
-    const std::string* name;
-    const torch::Tensor* tensor;
+    const LazyTensor* tensor;
     std::string dtype;
     size_t elem_size;
     uint64_t nbytes;
@@ -421,34 +437,34 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   std::vector<Entry> entries;
   entries.reserve(tensors.size());
   std::set<std::string> seen;
-  for (const auto& [name, tensor] : tensors) {
-    const std::string where = path + ": tensor '" + name + "'";
-    if (name == kMetadataKey) throw UserError(where + ": the name __metadata__ is reserved by the format");
-    if (!seen.insert(name).second) throw UserError(where + " appears twice; tensor names must be unique");
-    if (!tensor.defined()) throw UserError(where + " is an undefined tensor");
-    if (tensor.layout() != torch::kStrided) {
-      throw UserError(where + " has a non-strided layout; convert it with to_dense() first");
-    }
-    const auto dtype = dtype_from_scalar_type(tensor.scalar_type());
+  uint64_t total = 0;
+  for (const auto& t : tensors) {
+    const std::string where = path + ": tensor '" + t.name + "'";
+    if (t.name == kMetadataKey) throw UserError(where + ": the name __metadata__ is reserved by the format");
+    if (!seen.insert(t.name).second) throw UserError(where + " appears twice; tensor names must be unique");
+    const auto dtype = dtype_from_scalar_type(t.dtype);
     if (!dtype) {
-      throw UserError(where + " has dtype " + std::string(c10::toString(tensor.scalar_type())) +
+      throw UserError(where + " has dtype " + std::string(c10::toString(t.dtype)) +
                       ", which safetensors cannot store; expected one of " + supported_dtype_list());
     }
-    const size_t elem_size = tensor.element_size();
-    entries.push_back({&name, &tensor, *dtype, elem_size, static_cast<uint64_t>(tensor.numel()) * elem_size});
+    const size_t elem_size = c10::elementSize(t.dtype);
+    int64_t numel = 1;
+    for (auto d : t.shape) numel *= d;
+    entries.push_back({&t, *dtype, elem_size, static_cast<uint64_t>(numel) * elem_size});
+    total += entries.back().nbytes;
   }
   // Decreasing element size keeps every tensor aligned to its element size, given the 8-aligned data start;
   // the name breaks ties so the layout is deterministic.
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return a.elem_size != b.elem_size ? a.elem_size > b.elem_size : *a.name < *b.name;
+    return a.elem_size != b.elem_size ? a.elem_size > b.elem_size : a.tensor->name < b.tensor->name;
   });
 
   json header = json::object();  // std::map-backed: keys come out sorted
   uint64_t offset = 0;
   for (const Entry& e : entries) {
-    header[*e.name] = {{"dtype", e.dtype},
-                       {"shape", e.tensor->sizes().vec()},
-                       {"data_offsets", {offset, offset + e.nbytes}}};
+    header[e.tensor->name] = {{"dtype", e.dtype},
+                              {"shape", e.tensor->shape},
+                              {"data_offsets", {offset, offset + e.nbytes}}};
     offset += e.nbytes;
   }
   if (!metadata.empty()) header[kMetadataKey] = metadata;
@@ -470,20 +486,37 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     std::memcpy(len_bytes, &header_len, 8);
     write_all(fd.fd, len_bytes, 8, tmp_path);
     write_all(fd.fd, header_text.data(), header_text.size(), tmp_path);
+    uint64_t written = 0, flushed = 0;
     for (const Entry& e : entries) {
       if (e.nbytes == 0) continue;
       torch::Tensor cpu;
+      const std::string where = path + ": tensor '" + e.tensor->name + "'";
       try {
         // One tensor at a time, so a GPU model is never fully duplicated in host memory.
-        cpu = e.tensor->contiguous().to(torch::kCPU);
+        cpu = e.tensor->produce().contiguous().to(torch::kCPU);
       } catch (const c10::Error& err) {
-        throw UserError(path + ": tensor '" + *e.name + "' cannot be copied to CPU (" + err.what_without_backtrace() +
-                        ")");
+        throw UserError(where + " cannot be copied to CPU (" + err.what_without_backtrace() + ")");
+      }
+      if (cpu.scalar_type() != e.tensor->dtype || cpu.sizes() != torch::IntArrayRef(e.tensor->shape)) {
+        throw UserError(where + ": produced " + std::string(c10::toString(cpu.scalar_type())) + " " +
+                        c10::str(cpu.sizes()) + ", expected " + std::string(c10::toString(e.tensor->dtype)) + " " +
+                        c10::str(torch::IntArrayRef(e.tensor->shape)));
       }
       write_all(fd.fd, static_cast<const char*>(cpu.data_ptr()), e.nbytes, tmp_path);
+      written += e.nbytes;
+      // Start write-back of what is written every 256 MiB and let the page cache drop it once on disk: a
+      // multi-GB file otherwise piles up as dirty pages and the final fsync writes it all in one stall.
+      if (written - flushed >= (256ull << 20)) {
+        const uint64_t base = 8 + header_len;
+        ::sync_file_range(fd.fd, static_cast<off_t>(base + flushed), static_cast<off_t>(written - flushed),
+                          SYNC_FILE_RANGE_WRITE);
+        flushed = written;
+      }
+      if (progress) progress(written, total);
     }
     // fsync before rename: otherwise a crash can leave the new name pointing at a file whose data never hit disk.
     if (::fsync(fd.fd) != 0) throw UserError(tmp_path + ": fsync failed (" + errno_text(errno) + ")");
+    ::posix_fadvise(fd.fd, 0, 0, POSIX_FADV_DONTNEED);  // written and synced: no need to keep it cached
     const int fd_value = fd.fd;
     fd.fd = -1;
     if (::close(fd_value) != 0) throw UserError(tmp_path + ": close failed (" + errno_text(errno) + ")");
@@ -505,6 +538,54 @@ std::map<std::string, torch::Tensor> read_safetensors(const std::string& path) {
   SafetensorsFile file(path);
   std::map<std::string, torch::Tensor> out;
   for (const auto& name : file.names()) out[name] = file.get_copy(name);
+  return out;
+}
+
+}  // namespace pi0::io
+
+namespace pi0::io {
+
+std::string file_checksum(const std::string& path) {
+  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (fd.fd < 0) throw UserError(path + ": cannot open (" + errno_text(errno) + ")");
+  ::posix_fadvise(fd.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  constexpr uint64_t P1 = 11400714785074694791ull, P2 = 14029467366897019727ull, P3 = 1609587929392839161ull,
+                     P4 = 9650029242287828579ull;
+  auto rotl = [](uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
+  auto round = [&](uint64_t acc, uint64_t v) { return rotl(acc + v * P2, 31) * P1; };
+  uint64_t lane[4] = {P1 + P2, P2, 0, 0 - P1};
+  std::vector<char> buf(16u << 20);
+  uint64_t total = 0;
+  size_t have = 0;  // bytes in buf not yet hashed (< 32 carried over between reads)
+  while (true) {
+    const ssize_t n = ::read(fd.fd, buf.data() + have, buf.size() - have);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw UserError(path + ": read failed (" + errno_text(errno) + ")");
+    }
+    have += static_cast<size_t>(n);
+    total += static_cast<uint64_t>(n);
+    const size_t blocks = have / 32;
+    for (size_t b = 0; b < blocks; ++b) {
+      uint64_t v[4];
+      std::memcpy(v, buf.data() + b * 32, 32);
+      for (int i = 0; i < 4; ++i) lane[i] = round(lane[i], v[i]);
+    }
+    const size_t rest = have - blocks * 32;
+    std::memmove(buf.data(), buf.data() + blocks * 32, rest);
+    have = rest;
+    if (n == 0) break;
+  }
+  uint64_t h = rotl(lane[0], 1) + rotl(lane[1], 7) + rotl(lane[2], 12) + rotl(lane[3], 18);
+  for (size_t i = 0; i < have; ++i) h = rotl(h ^ (static_cast<unsigned char>(buf[i]) * P4), 11) * P1;
+  h ^= total;
+  h ^= h >> 33;
+  h *= P2;
+  h ^= h >> 29;
+  h *= P3;
+  h ^= h >> 32;
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
   return out;
 }
 

@@ -8,6 +8,7 @@
 // twice: the only copy made is the one into the model's parameters (see docs/formats.md).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -114,6 +115,25 @@ class SafetensorsFile {
 /// Throws pi0::UserError on duplicate or reserved names, unsupported dtypes or I/O errors.
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+/// A tensor to write that is produced only when its turn comes (a dtype conversion, an EMA overlay, zeros), so a
+/// whole file's worth of converted tensors never exists at once: the writer's peak is one produced tensor.
+struct LazyTensor {
+  std::string name;
+  torch::ScalarType dtype = torch::kFloat32;  ///< what produce() returns
+  std::vector<int64_t> shape;
+  std::function<torch::Tensor()> produce;     ///< any device/layout; must match dtype and shape
+};
+
+/// save_safetensors for lazily produced tensors: same layout, atomicity and errors; each tensor is produced,
+/// written and dropped in turn. `progress` (if set) is called with (bytes written, total bytes) after each tensor.
+void save_safetensors_lazy(const std::string& path, const std::vector<LazyTensor>& tensors,
+                           const std::map<std::string, std::string>& metadata = {},
+                           const std::function<void(uint64_t, uint64_t)>& progress = {});
+
+/// A 64-bit checksum (xxHash64's lane mixing over 4 lanes, then the length) of a whole file, read sequentially
+/// in 16 MiB blocks so the resident set stays bounded; 16 hex digits. Throws pi0::UserError if unreadable.
+std::string file_checksum(const std::string& path);
 
 /// Every tensor of `path` as an owned, writable CPU copy, by name (small files: optimizer/EMA state,
 /// observations). Throws pi0::UserError like SafetensorsFile.

@@ -16,8 +16,8 @@ SiglipOptions siglip_variant(const std::string& name) {
 }
 
 LayerNorm32Impl::LayerNorm32Impl(int64_t width, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", torch::ones({width}, nn::param_options()));
-  bias = register_parameter("bias", torch::zeros({width}, nn::param_options()));
+  weight = register_parameter("weight", nn::filled_param({width}, 1.0));
+  bias = register_parameter("bias", nn::filled_param({width}, 0.0));
 }
 
 torch::Tensor LayerNorm32Impl::forward(const torch::Tensor& x) {
@@ -57,6 +57,7 @@ SiglipEncoderLayerImpl::SiglipEncoderLayerImpl(const SiglipOptions& o) {
   auto mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
   fc1 = mlp->register_module("fc1", nn::Dense(nn::DenseOptions(o.width, o.mlp_dim).init("xavier")));
   fc2 = mlp->register_module("fc2", nn::Dense(nn::DenseOptions(o.mlp_dim, o.width).init("xavier")));
+  if (nn::skip_init()) return;
   torch::NoGradGuard no_grad;
   // openpi's MlpBlock initializes the biases with normal(1e-6).
   fc1->bias.normal_(0.0, 1e-6);
@@ -73,7 +74,7 @@ SiglipImpl::SiglipImpl(SiglipOptions o) : options(o) {
   auto embeddings = register_module("embeddings", std::make_shared<torch::nn::Module>());
   patch_embedding = embeddings->register_module("patch_embedding", nn::PatchConv(3, o.width, o.patch_size));
   position_embedding = embeddings->register_module("position_embedding", nn::Embedding(o.num_patches(), o.width));
-  {
+  if (!nn::skip_init()) {
     torch::NoGradGuard no_grad;
     position_embedding->weight.normal_(0.0, 1.0 / std::sqrt(double(o.width)));
   }

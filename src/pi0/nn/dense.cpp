@@ -10,8 +10,13 @@ DenseImpl::DenseImpl(DenseOptions options_) : options(std::move(options_)) { res
 
 void DenseImpl::reset() {
   weight = register_parameter("weight", torch::empty({options.out_features(), options.in_features()}, param_options()));
-  if (options.bias()) bias = register_parameter("bias", torch::zeros({options.out_features()}, param_options()));
+  if (options.bias()) bias = register_parameter("bias", torch::empty({options.out_features()}, param_options()));
+  if (!skip_init()) initialize();
+}
+
+void DenseImpl::initialize() {
   torch::NoGradGuard no_grad;
+  if (bias.defined()) bias.zero_();
   const auto& init = options.init();
   if (init == "zeros") {
     weight.zero_();

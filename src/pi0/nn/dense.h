@@ -29,6 +29,9 @@ class DenseImpl : public torch::nn::Module {
   explicit DenseImpl(DenseOptions options);
   DenseImpl(int64_t in, int64_t out) : DenseImpl(DenseOptions(in, out)) {}
   void reset();
+  /// Draws the initial values (the DenseOptions init scheme, zero bias) again; reset() calls it unless a
+  /// SkipInitScope is active.
+  void initialize();
   /// x [..., in] → [..., out] in x's dtype.
   torch::Tensor forward(const torch::Tensor& x);
   /// Adds LoRA factors (lora_a [rank,in], lora_b [out,rank]); output += scaling · (x·Aᵀ)·Bᵀ.

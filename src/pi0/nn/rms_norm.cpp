@@ -10,7 +10,7 @@ void RMSNormImpl::reset() {
   if (adaptive()) {
     dense = register_module("dense", Dense(DenseOptions(options.cond_dim(), 3 * options.width()).init("zeros")));
   } else {
-    weight = register_parameter("weight", torch::zeros({options.width()}, param_options()));
+    weight = register_parameter("weight", filled_param({options.width()}, 0.0));
   }
 }
 

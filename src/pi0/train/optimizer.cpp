@@ -117,7 +117,8 @@ std::map<std::string, torch::Tensor> AdamW::state_dict() const {
   return state;
 }
 
-void AdamW::load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source) {
+void AdamW::load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source,
+                            const std::function<void(const std::string&, const torch::Tensor&)>& copy) {
   auto find = [&](const std::string& key) -> const torch::Tensor& {
     auto it = state.find(key);
     if (it == state.end())
@@ -151,8 +152,13 @@ void AdamW::load_state_dict(const std::map<std::string, torch::Tensor>& state, c
   }
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
-    exp_avg_[i].copy_(avg[i]);
-    exp_avg_sq_[i].copy_(avg_sq[i]);
+    if (copy) {
+      copy(params_[i].first + ".exp_avg", exp_avg_[i]);
+      copy(params_[i].first + ".exp_avg_sq", exp_avg_sq_[i]);
+    } else {
+      exp_avg_[i].copy_(avg[i]);
+      exp_avg_sq_[i].copy_(avg_sq[i]);
+    }
   }
   step_ = step.to(torch::kLong).item<int64_t>();
 }

@@ -60,7 +60,10 @@ class AdamW {
   /// Restores what state_dict() produced. Every expected key must be present with the parameter's shape
   /// (UserError names `source` (e.g. the file) and the missing or mismatched key); unexpected keys are an error
   /// too, since they mean the checkpoint was written for another set of trainable parameters.
-  void load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source = "optimizer state");
+  /// `copy(key, dst)` (when set) fills `dst` from the state's tensor `key` instead of dst.copy_(state[key]):
+  /// e.g. SafetensorsFile::read_into, so a resume streams from the mapped file with bounded memory.
+  void load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source = "optimizer state",
+                       const std::function<void(const std::string&, const torch::Tensor&)>& copy = {});
 
  private:
   NamedTensors params_;

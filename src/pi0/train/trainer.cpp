@@ -2,11 +2,13 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -33,12 +35,6 @@ using Clock = std::chrono::steady_clock;
 
 std::vector<std::pair<std::string, torch::Tensor>> to_vector(const std::map<std::string, torch::Tensor>& m) {
   return {m.begin(), m.end()};
-}
-
-std::map<std::string, torch::Tensor> read_all(const std::string& path, const torch::Device& device) {
-  auto out = io::read_safetensors(path);
-  for (auto& [name, t] : out) t = t.to(device);
-  return out;
 }
 
 // Writes `text` to `path` through a temporary file and a rename, so a crash never leaves a half-written file.
@@ -90,10 +86,45 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
     throw UserError("train.device is '" + cfg_.train.device + "' but no CUDA device is usable (LibTorch built " +
                     "without CUDA, or no GPU); use train.device=cpu");
   }
+  // Fail fast: the run directory, the referenced files and the data are checked before any model is built (a
+  // full-size build costs GBs and, with random init, a minute).
+  resume_dir_ = check_run_dir();
+  data_ = make_data_pipeline(cfg_, local_batch(), options_.rank, options_.world_size);
   // Same seed on every rank: every replica starts from identical weights.
   torch::manual_seed(static_cast<uint64_t>(cfg_.train.seed));
   build_model();
-  data_ = make_data_pipeline(cfg_, local_batch(), options_.rank, options_.world_size);
+}
+
+std::optional<std::string> Trainer::check_run_dir() const {
+  const auto& ck = cfg_.checkpoint;
+  std::optional<std::string> dir;
+  if (options_.resume) {
+    if (auto newest = newest_complete_checkpoint(ck.run_dir)) {
+      dir = newest->second;
+    } else if (options_.rank == 0) {
+      spdlog::warn("--resume: no complete checkpoint in {}; starting from step 0", ck.run_dir);
+    }
+  } else if (auto steps = complete_checkpoints(ck.run_dir); !steps.empty()) {
+    throw UserError("checkpoint.run_dir '" + ck.run_dir + "' already holds checkpoints (newest: step " +
+                    std::to_string(steps.back()) + "); pass --resume to continue it, or choose another run_dir");
+  }
+  if (dir) {
+    for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json", "rng.safetensors"}) {
+      if (!fs::exists(fs::path(*dir) / f)) throw UserError((fs::path(*dir) / f).string() + ": missing from the checkpoint");
+    }
+    if (auto ref = io::read_base_ref(*dir)) {
+      const auto base = ck.init_weights.empty() ? ref->path : ck.init_weights;
+      if (!fs::exists(base)) {
+        throw UserError((fs::path(*dir) / io::kBaseRefFile).string() + ": the base weights '" + base +
+                        "' this checkpoint builds on do not exist; if they moved, point at the new location with " +
+                        "--set checkpoint.init_weights=NEW_PATH");
+      }
+    }
+  } else if (!ck.init_weights.empty() && !fs::is_regular_file(ck.init_weights)) {
+    throw UserError("checkpoint.init_weights '" + ck.init_weights + "': no such file; expected an openpi/LeRobot "
+                    "model.safetensors");
+  }
+  return dir;
 }
 
 Trainer::~Trainer() = default;
@@ -111,33 +142,73 @@ int64_t Trainer::local_batch() const {
 
 void Trainer::build_model() {
   const auto opts = model::options_from_config(cfg_.model);
-  {
-    // Parameters are created (and randomly initialized) directly on the training device.
-    nn::ParamDeviceScope on_device(device_);
-    model_ = model::Pi0(opts);
+  const auto& ck = cfg_.checkpoint;
+  const bool rank0 = options_.rank == 0;
+  // Weights that come from a file (resume, init_weights) are not drawn first: the model is built uninitialized,
+  // each parameter given its storage dtype, then filled from the file.
+  const bool from_file = resume_dir_.has_value() || !ck.init_weights.empty();
+  const auto t0 = Clock::now();
+  if (rank0) {
+    spdlog::info("building the model ({}){}", cfg_.model.type,
+                 from_file ? std::string(" uninitialized: its weights come from ") +
+                                 (resume_dir_ ? *resume_dir_ : ck.init_weights)
+                           : std::string(" with random initialization"));
   }
-  if (!cfg_.checkpoint.init_weights.empty()) {
-    io::LoadOptions lo;
-    lo.reinit_mismatched_projections = cfg_.checkpoint.reinit_mismatched_projections;
-    io::load_model_weights(*model_, cfg_.checkpoint.init_weights, lo);
-  } else if (cfg_.model.vocab_size == model::kPaligemmaVocabSize) {
-    spdlog::warn("checkpoint.init_weights is empty: training a full-size model from random initialization "
-                 "(set it to a pi0_base / pi05_base model.safetensors to fine-tune)");
+  {
+    // Parameters are created directly on the training device.
+    nn::ParamDeviceScope on_device(device_);
+    nn::SkipInitScope skip(from_file);
+    model_ = model::Pi0(opts);
   }
   trainable_ = apply_freeze(*model_, cfg_.train.freeze, cfg_.train.trainable_include, cfg_.train.trainable_exclude);
   const auto& precision = cfg_.train.precision;
-  if (precision == "bf16") {
-    model_->to(torch::kBFloat16);
-    model_->set_compute_dtype(torch::kBFloat16);
-  } else if (precision == "bf16-mixed") {
-    // float32 master weights for what trains; frozen weights only feed bf16 matmuls, so keep them in bf16.
-    model_->set_compute_dtype(torch::kBFloat16);
-    size_t i = 0;
+  {
+    // Storage dtypes before anything is loaded: bf16 throughout ("bf16"), or bf16 for what is frozen
+    // ("bf16-mixed": float32 master weights for what trains; frozen weights only feed bf16 matmuls). Uninitialized
+    // parameters get new bf16 storage (never touched in float32); drawn ones (LoRA factors, random init) convert.
     torch::NoGradGuard no_grad;
-    for (auto& p : model_->parameters()) {
-      if (!trainable_[i++]) p.set_data(p.data().to(torch::kBFloat16));
+    size_t i = 0;
+    for (auto& item : model_->named_parameters()) {
+      auto& p = item.value();
+      const bool trainable = trainable_[i++];
+      if (precision == "bf16" || (precision == "bf16-mixed" && !trainable)) {
+        const bool drawn = !from_file || item.key().find(".lora_") != std::string::npos;
+        p.set_data(drawn ? p.data().to(torch::kBFloat16) : torch::empty(p.sizes(), p.options().dtype(torch::kBFloat16)));
+      }
     }
   }
+  if (precision == "bf16") {
+    model_->to(torch::kBFloat16);  // buffers
+    model_->set_compute_dtype(torch::kBFloat16);
+  } else if (precision == "bf16-mixed") {
+    model_->set_compute_dtype(torch::kBFloat16);
+  }
+  if (!resume_dir_ && !ck.init_weights.empty()) {
+    io::LoadOptions lo;
+    lo.reinit_mismatched_projections = ck.reinit_mismatched_projections;
+    const auto report = io::load_model_weights(*model_, ck.init_weights, lo);
+    std::set<std::string> reinit_modules;
+    for (const auto& name : report.reinitialized) reinit_modules.insert(name.substr(0, name.find('.')));
+    for (const auto& m : reinit_modules) {
+      if (m == "action_in_proj") model_->action_in_proj->initialize();
+      else if (m == "action_out_proj") model_->action_out_proj->initialize();
+      else if (m == "state_proj" && !model_->state_proj.is_empty()) model_->state_proj->initialize();
+      else PI0_CHECK(false, "no re-initialization for '", m, "'");
+    }
+    const bool partial = std::find(trainable_.begin(), trainable_.end(), false) != trainable_.end();
+    if (partial && !ck.self_contained && rank0) {
+      base_ref_ = io::make_base_ref(ck.init_weights);
+      if (precision != "float32") base_ref_->frozen_dtype = "BF16";
+      base_names_.insert(report.loaded.begin(), report.loaded.end());
+      spdlog::info("checkpoints store what trains and refer to the frozen base {} (checksum {}); "
+                   "checkpoint.self_contained=true stores everything",
+                   base_ref_->path, base_ref_->checksum);
+    }
+  } else if (!from_file && cfg_.model.vocab_size == model::kPaligemmaVocabSize && rank0) {
+    spdlog::warn("checkpoint.init_weights is empty: training a full-size model from random initialization "
+                 "(set it to a pi0_base / pi05_base model.safetensors to fine-tune)");
+  }
+  if (rank0) spdlog::info("model ready in {:.1f} s", std::chrono::duration<double>(Clock::now() - t0).count());
   model_->to(device_);
   model_->set_gradient_checkpointing(cfg_.train.gradient_checkpointing);
   model_->set_attention_impl(model::parse_attention_impl(cfg_.model.attention, "model.attention"));
@@ -191,12 +262,9 @@ int64_t Trainer::run() {
   const bool rank0 = options_.rank == 0;
   install_stop_signal_handlers();
   fs::create_directories(ck.run_dir);
-  if (options_.resume) {
-    if (auto newest = newest_complete_checkpoint(ck.run_dir)) {
-      restore(newest->second);
-    } else {
-      spdlog::warn("--resume: no complete checkpoint in {}; starting from step 0", ck.run_dir);
-    }
+  if (resume_dir_) {
+    restore(*resume_dir_);
+    resume_dir_.reset();
   } else if (auto steps = complete_checkpoints(ck.run_dir); !steps.empty()) {
     throw UserError("checkpoint.run_dir '" + ck.run_dir + "' already holds checkpoints (newest: step " +
                     std::to_string(steps.back()) + "); pass --resume to continue it, or choose another run_dir");
@@ -259,8 +327,12 @@ int64_t Trainer::run() {
         interval_comm_start = c;
       }
       if (rank0) {
-        spdlog::info("step {}/{} | loss {:.4f} | grad_norm {:.3f} | lr {:.2e} | {:.1f} samples/s | ETA {}", step_,
-                     t.num_steps, mean_loss, grad_norm, lr, samples_per_s, format_duration(eta));
+        // Slow runs (a full-size model on a CPU) read better in seconds per step than in "0.0 samples/s".
+        char speed[48];
+        if (samples_per_s < 0.1) std::snprintf(speed, sizeof speed, "%.1f s/step", step_time);
+        else std::snprintf(speed, sizeof speed, "%.1f samples/s", samples_per_s);
+        spdlog::info("step {}/{} | loss {:.4f} | grad_norm {:.3f} | lr {:.2e} | {} | ETA {}", step_, t.num_steps,
+                     mean_loss, grad_norm, lr, speed, format_duration(eta));
         metrics->write(step_, record);
       }
       interval_start = Clock::now();
@@ -373,9 +445,28 @@ std::string Trainer::save_checkpoint() {
     return "";
   }
   const fs::path tmp = begin_checkpoint(ck.run_dir, step_);
+  const auto t0 = Clock::now();
   io::SaveOptions so;
   so.openpi_layout = false;  // exact parameter names, LoRA included: what resume needs
   so.include_lora = true;
+  if (base_ref_) {
+    // Small checkpoint: the frozen weights taken unchanged from the base are referenced, not copied.
+    std::set<std::string> trainable_names;
+    size_t i = 0;
+    for (const auto& item : model_->named_parameters())
+      if (trainable_[i++]) trainable_names.insert(item.key());
+    so.include = [this, trainable_names](const std::string& name) {
+      return trainable_names.count(name) || !base_names_.count(name);
+    };
+    io::write_base_ref(tmp.string(), *base_ref_);
+  }
+  uint64_t next_report = 2ull << 30;
+  so.progress = [&](uint64_t done, uint64_t total) {
+    if (done >= next_report && done < total) {
+      spdlog::info("saving model.safetensors: {:.1f}/{:.1f} GB", done / 1e9, total / 1e9);
+      next_report += 2ull << 30;
+    }
+  };
   io::save_model_weights(*model_, (tmp / "model.safetensors").string(), so);
   if (ema_) io::save_safetensors((tmp / "ema.safetensors").string(), to_vector(ema_->state_dict()));
   io::save_safetensors((tmp / "optimizer.safetensors").string(), to_vector(optimizer_->state_dict()));
@@ -403,7 +494,12 @@ std::string Trainer::save_checkpoint() {
   fs::copy_file(cfg_.data.tokenizer, tmp / "tokenizer.model", fs::copy_options::overwrite_existing);
   const auto final_dir = commit_checkpoint(tmp.string(), ck.run_dir, step_);
   prune_checkpoints(ck.run_dir, ck.keep_last, ck.keep_period);
-  spdlog::info("saved checkpoint {}", final_dir);
+  uint64_t bytes = 0;
+  for (const auto& e : fs::recursive_directory_iterator(final_dir))
+    if (e.is_regular_file()) bytes += e.file_size();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  spdlog::info("saved checkpoint {} ({:.2f} GB{} in {:.1f} s, {:.2f} GB/s)", final_dir, bytes / 1e9,
+               base_ref_ ? ", frozen base by reference" : "", secs, bytes / 1e9 / std::max(secs, 1e-9));
   if (pg_) pg_->barrier("checkpoint of step " + std::to_string(step_) + " written by rank 0");
   return final_dir;
 }
@@ -423,16 +519,36 @@ void Trainer::restore(const std::string& dir) {
     throw UserError("checkpoint '" + dir + "' was written by " + std::to_string(saved_world) +
                     " ranks; resume it with the same world size (got " + std::to_string(options_.world_size) + ")");
   }
-  io::load_model_weights(*model_, (d / "model.safetensors").string());
-  optimizer_->load_state_dict(read_all((d / "optimizer.safetensors").string(), device_),
-                              (d / "optimizer.safetensors").string());
+  const auto t0 = Clock::now();
+  const auto base = io::load_checkpoint_weights(*model_, dir, cfg_.checkpoint.init_weights,
+                                                "--set checkpoint.init_weights=NEW_PATH",
+                                                cfg_.checkpoint.reinit_mismatched_projections);
+  if (!base.empty()) {
+    // Later checkpoints keep referring to the same (verified) base, at the path it was found.
+    base_ref_ = *io::read_base_ref(dir);
+    base_ref_->path = fs::absolute(base).lexically_normal().string();
+    base_names_.clear();
+    io::SafetensorsFile own((d / "model.safetensors").string());
+    for (const auto& item : model_->named_parameters())
+      if (!own.contains(item.key())) base_names_.insert(item.key());
+  }
+  // Optimizer and EMA state stream from the mapped files straight into the existing tensors: no whole-file copy.
+  auto load_streamed = [&](const fs::path& file, auto& target) {
+    io::SafetensorsFile f(file.string(), io::AccessPattern::kSequential);
+    std::map<std::string, torch::Tensor> views;
+    for (const auto& n : f.names()) views[n] = f.get(n);  // views of the mapping: nothing read yet
+    target.load_state_dict(views, file.string(),
+                           [&f](const std::string& key, const torch::Tensor& dst) { f.read_into(key, dst); });
+  };
+  load_streamed(d / "optimizer.safetensors", *optimizer_);
   if (ema_) {
     if (!fs::exists(d / "ema.safetensors")) {
       throw UserError("checkpoint '" + dir + "' has no EMA weights but train.ema_decay is " +
                       std::to_string(cfg_.train.ema_decay) + " (resume with train.ema_decay=0, or from a run with EMA)");
     }
-    ema_->load_state_dict(read_all((d / "ema.safetensors").string(), device_), (d / "ema.safetensors").string());
+    load_streamed(d / "ema.safetensors", *ema_);
   }
+  spdlog::info("loaded checkpoint state in {:.1f} s", std::chrono::duration<double>(Clock::now() - t0).count());
   {
     io::SafetensorsFile rng(( d / "rng.safetensors").string());
     std::lock_guard<std::mutex> lock(rng_.mutex());

@@ -3,6 +3,7 @@
 // state (step, RNG, loader position, optimizer, EMA); run() reads top to bottom in one function.
 #pragma once
 #include <memory>
+#include <set>
 #include <optional>
 #include <string>
 
@@ -12,6 +13,7 @@
 #include "pi0/data/loader.h"
 #include "pi0/dist/grad_reducer.h"
 #include "pi0/dist/process_group.h"
+#include "pi0/io/model_weights.h"
 #include "pi0/model/pi0.h"
 #include "pi0/train/data_setup.h"
 #include "pi0/train/ema.h"
@@ -82,6 +84,9 @@ class Trainer {
 
  private:
   void build_model();
+  /// The checkpoint to resume from (--resume and one exists); throws if the run dir holds checkpoints without
+  /// --resume, or a referenced file is missing. Runs before anything is built.
+  std::optional<std::string> check_run_dir() const;
   void restore(const std::string& checkpoint_dir);
   int64_t local_batch() const;
   void check_and_sync_replicas();
@@ -101,6 +106,10 @@ class Trainer {
   at::Generator rng_;
   int64_t step_ = 0;
   int64_t nonfinite_skips_ = 0;
+  std::optional<std::string> resume_dir_;  ///< checkpoint restored by run()
+  /// Small checkpoints: the frozen base the run builds on, and the parameters taken unchanged from it.
+  std::optional<io::BaseWeightsRef> base_ref_;
+  std::set<std::string> base_names_;
 };
 
 }  // namespace pi0::train

@@ -2,6 +2,11 @@
 // when it is OpenBLAS, whose pool torch::set_num_threads does not reach).
 #include <catch2/catch.hpp>
 
+#include <sched.h>
+
+#include <cstdlib>
+#include <string>
+
 #include <ATen/Parallel.h>
 
 #include "pi0/common/threads.h"
@@ -20,9 +25,26 @@ TEST_CASE("set_num_threads governs ATen, OpenMP and OpenBLAS together", "[unit][
     }
     CHECK(c.describe().find("aten " + std::to_string(n)) != std::string::npos);
   }
-  // 0 keeps ATen's count and makes the others follow it.
+  // 0 means the default: OMP_NUM_THREADS, else every CPU of the affinity mask; the others follow.
+  pi0::set_num_threads(1);
   const auto c = pi0::set_num_threads(0);
-  CHECK(c.aten == 2);
-  if (c.blas_name.rfind("OpenBLAS", 0) == 0) CHECK(c.blas == 2);
+  CHECK(c.aten == pi0::default_num_threads());
+  if (c.blas_name.rfind("OpenBLAS", 0) == 0) CHECK(c.blas == c.aten);
   pi0::set_num_threads(before);
+}
+
+TEST_CASE("the default thread count is every CPU the process may run on", "[unit][common]") {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(0, sizeof set, &set) == 0);
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  const std::string saved = env ? env : "";
+  ::unsetenv("OMP_NUM_THREADS");
+  CHECK(pi0::default_num_threads() == CPU_COUNT(&set));
+  ::setenv("OMP_NUM_THREADS", "3", 1);
+  CHECK(pi0::default_num_threads() == 3);
+  ::setenv("OMP_NUM_THREADS", "junk", 1);
+  CHECK(pi0::default_num_threads() == CPU_COUNT(&set));
+  if (env) ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
+  else ::unsetenv("OMP_NUM_THREADS");
 }

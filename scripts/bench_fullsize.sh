@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Full-size start-up / memory / checkpoint benchmark (issue 15). NOT run in CI: needs ~16 GB of free RAM, ~40 GB
+# of disk under WORK_DIR and tens of minutes on a CPU. Run one full-size process at a time (this script does).
+#   scripts/bench_fullsize.sh [BUILD_DIR] [WORK_DIR]
+# Prints one line per measurement (wall time and peak RSS from /usr/bin/time -v, --print-params predictions)
+# for docs/benchmarks.md. Base weights are random: a projection-only float32 run from scratch writes a checkpoint
+# whose model.safetensors then serves as checkpoint.init_weights. Delete WORK_DIR afterwards.
+set -euo pipefail
+BUILD=${1:-build}
+WORK=${2:-/tmp/pi0_fullsize_bench}
+CFG=configs/pi05_libero_lora.yaml
+mkdir -p "$WORK"
+rm -rf "$WORK"/runs "$WORK"/bundle
+
+measure() {  # name, command...: wall time and peak RSS of the command
+  local name=$1; shift
+  local log="$WORK/$name.time"
+  /usr/bin/time -v "$@" > "$WORK/$name.log" 2> "$log" || { tail -5 "$log"; exit 1; }
+  local wall rss
+  wall=$(grep "Elapsed (wall clock)" "$log" | awk '{print $NF}')
+  rss=$(grep "Maximum resident set size" "$log" | awk '{printf "%.2f", $NF/1048576}')
+  echo "$name: wall $wall, peak RSS $rss GiB"
+}
+
+# Generated LIBERO-layout data, its norm stats and the tiny tokenizer (its token ids fit the full vocabulary).
+if [ ! -f "$WORK/data/norm_stats.json" ]; then
+  "$BUILD/pi0-make-example-data" --out "$WORK/data" --episodes 2 --steps 20 --image-size 224 > /dev/null
+  "$BUILD/pi0-norm-stats" --format libero --data "$WORK/data/*.hdf5" --action-horizon 10 \
+    --out "$WORK/data/norm_stats.json" > /dev/null
+fi
+"$BUILD/pi0-make-example-data" --observation-out "$WORK/obs.safetensors" --out "$WORK/data" > /dev/null
+common=(--config "$CFG" --set train.device=cpu --set train.batch_size=1 --set train.num_steps=1
+        --set checkpoint.save_interval=1 --set train.log_interval=1 --set "data.dataset.paths=[$WORK/data/*.hdf5]"
+        --set data.norm_stats="$WORK/data/norm_stats.json" --set data.tokenizer=data/tokenizer/tiny_spm.model
+        --set data.num_workers=1)
+
+predict() {  # preset: steady-state prediction of --print-params (weights + optimizer + EMA + grads)
+  "$BUILD/pi0-train" "${common[@]}" --set train.freeze="$1" --print-params --json |
+    python3 -c 'import json,sys; t=json.load(sys.stdin)["total"]; print("  predicted %.2f GiB (weights %.2f)" % (sum(t[k] for k in ("weight_bytes","grad_bytes","optimizer_bytes","ema_bytes"))/2**30, t["weight_bytes"]/2**30))'
+}
+
+# 0. Base weights (random, float32) and the raw disk speed for a file of the same size.
+measure base "$BUILD/pi0-train" "${common[@]}" --set train.freeze=projection-only --set train.precision=float32 \
+  --set checkpoint.init_weights= --set checkpoint.run_dir="$WORK/runs/base"
+BASE=$(ls -d "$WORK"/runs/base/checkpoints/*/ | tail -1)model.safetensors
+SIZE_MB=$(( $(stat -c %s "$BASE") / 1048576 ))
+echo "raw write ($SIZE_MB MiB): $(dd if=/dev/zero of="$WORK/raw.bin" bs=16M count=$((SIZE_MB / 16)) oflag=direct conv=fsync 2>&1 | tail -1)"
+echo "raw read: $(dd if="$WORK/raw.bin" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1)"
+rm -f "$WORK/raw.bin"
+
+# 1. Presets from the base: start-up, peak RSS vs prediction, checkpoint size and save speed.
+for preset in lora action-expert-only projection-only; do
+  echo "preset $preset"
+  predict "$preset"
+  measure "train_$preset" "$BUILD/pi0-train" "${common[@]}" --set train.freeze="$preset" \
+    --set checkpoint.init_weights="$BASE" --set checkpoint.run_dir="$WORK/runs/$preset"
+  grep -E "model ready|loaded [0-9]+ tensors|saved checkpoint|s/step|samples/s" "$WORK/train_$preset.log" | sed 's/^/  /'
+  du -sh "$WORK/runs/$preset/checkpoints/"*/ | sed 's/^/  checkpoint /'
+done
+
+# 2. Resume (LoRA) one more step, export to bf16, inference.
+measure resume "$BUILD/pi0-train" "${common[@]}" --set train.freeze=lora --set train.num_steps=2 \
+  --set checkpoint.init_weights="$BASE" --set checkpoint.run_dir="$WORK/runs/lora" --resume
+grep -E "loaded checkpoint state|model ready|loaded [0-9]+ tensors" "$WORK/resume.log" | sed 's/^/  /'
+measure export "$BUILD/pi0-export" --checkpoint "$WORK/runs/lora" --out "$WORK/bundle" --dtype bf16
+du -sh "$WORK/bundle/model.safetensors" | sed 's/^/  bundle /'
+measure infer "$BUILD/pi0-infer" --bundle "$WORK/bundle" --obs "$WORK/obs.safetensors" \
+  --out "$WORK/actions.safetensors" --num-steps 2 --prompt "pick up the bowl"
+grep -E "loaded [0-9]+ tensors|computing in|total:" "$WORK/infer.log" | sed 's/^/  /'
+echo "done; remove $WORK when finished"

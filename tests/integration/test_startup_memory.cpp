@@ -1,0 +1,231 @@
+// Issue 15 at small scale: models whose weights come from a file are built uninitialized and in their storage
+// dtype, resume and export stream (their peak allocation stays at what the model and its state need), and a
+// partial fine-tune's checkpoints store what trains plus a checksummed reference to the frozen base.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "pi0/io/bundle.h"
+#include "pi0/io/model_weights.h"
+#include "pi0/io/safetensors.h"
+#include "pi0/model/model_config.h"
+#include "pi0/nn/param_device.h"
+#include "pi0/train/trainer.h"
+#include "support/counting_allocator.h"
+#include "support/test_support.h"
+#include "support/tiny_run.h"
+
+using namespace pi0;
+using Catch::Contains;
+using pi0::testing::TinyRun;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A base model file (openpi layout, float32, no LoRA) for the debug config's model, with seed-dependent values.
+std::string write_base(const TinyRun& run, const std::string& name, uint64_t seed) {
+  auto cfg = run.config("unused");
+  torch::manual_seed(seed);
+  model::Pi0 m(model::options_from_config(cfg.model));
+  const auto path = run.dir.str(name);
+  io::save_model_weights(*m, path);
+  return path;
+}
+
+std::vector<std::string> lora_partial(const std::string& base, std::vector<std::string> extra = {}) {
+  std::vector<std::string> o = {"model.paligemma_variant=dummy_lora", "model.action_expert_variant=dummy_lora",
+                                "train.freeze=lora-only", "train.precision=bf16-mixed", "checkpoint.init_weights=" + base,
+                                "train.num_steps=2", "checkpoint.save_interval=2"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return o;
+}
+
+uint64_t dir_bytes(const std::string& dir) {
+  uint64_t n = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) n += e.file_size();
+  return n;
+}
+
+std::map<std::string, torch::Tensor> params(model::Pi0Impl& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& p : m.named_parameters()) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+int64_t param_bytes(model::Pi0Impl& m) {
+  int64_t n = 0;
+  for (auto& p : m.parameters()) n += p.numel() * static_cast<int64_t>(p.element_size());
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("skip-init: a model built for loading draws no random numbers", "[unit][nn]") {
+  const auto o = model::options_from_config(
+      config::load_config(std::string(PI0_SOURCE_DIR) + "/configs/debug.yaml").model);
+  torch::manual_seed(3);
+  const auto fresh = torch::randn({4});
+  torch::manual_seed(3);
+  {
+    nn::SkipInitScope skip;
+    CHECK(nn::skip_init());
+    model::Pi0 skipped(o);
+    CHECK(skipped->parameters().size() > 10);
+  }
+  CHECK(!nn::skip_init());
+  CHECK(torch::equal(torch::randn({4}), fresh));  // the generator did not move
+  torch::manual_seed(3);
+  model::Pi0 drawn(o);
+  CHECK(!torch::equal(torch::randn({4}), fresh));  // a normal build draws its initialization
+}
+
+TEST_CASE("init_weights: frozen weights are built in bf16 and hold exactly the file's values", "[integration][train]") {
+  TinyRun run;
+  const auto base = write_base(run, "base.safetensors", 11);
+  train::Trainer t(run.config("r", lora_partial(base, {"checkpoint.self_contained=true"})));
+  io::SafetensorsFile file(base);
+  int64_t frozen = 0, trained = 0;
+  for (auto& p : t.model()->named_parameters()) {
+    INFO(p.key());
+    const bool lora = p.key().find(".lora_") != std::string::npos;
+    CHECK(p.value().requires_grad() == lora);
+    if (lora) {
+      CHECK(p.value().scalar_type() == torch::kFloat32);
+      ++trained;
+      continue;
+    }
+    CHECK(p.value().scalar_type() == torch::kBFloat16);
+    const std::string name = p.key() == model::kEmbeddingName ? io::kLmHeadName : p.key();
+    CHECK(torch::equal(p.value(), file.get(name).to(torch::kBFloat16)));
+    ++frozen;
+  }
+  CHECK(frozen > 0);
+  CHECK(trained > 0);
+}
+
+TEST_CASE("small checkpoints: what trains plus a checked reference to the base; resume and export combine them",
+          "[integration][train]") {
+  TinyRun run;
+  const auto base = write_base(run, "base.safetensors", 12);
+  // The same run twice: self-contained checkpoints and small ones.
+  {
+    train::Trainer full(run.config("full", lora_partial(base, {"checkpoint.self_contained=true"})));
+    full.run();
+    train::Trainer small(run.config("small", lora_partial(base)));
+    small.run();
+  }
+  const auto ck_full = run.dir.str("full") + "/checkpoints/2", ck_small = run.dir.str("small") + "/checkpoints/2";
+  CHECK(!fs::exists(ck_full + "/" + io::kBaseRefFile));
+  REQUIRE(fs::exists(ck_small + "/" + io::kBaseRefFile));
+  const auto ref = io::read_base_ref(ck_small);
+  REQUIRE(ref);
+  CHECK(ref->checksum == io::file_checksum(base));
+  CHECK(ref->size == fs::file_size(base));
+  io::SafetensorsFile small_model(ck_small + "/model.safetensors"), full_model(ck_full + "/model.safetensors");
+  CHECK(small_model.size() < full_model.size());
+  for (const auto& n : small_model.names()) CHECK(n.find(".lora_") != std::string::npos);
+  CHECK(fs::file_size(ck_small + "/model.safetensors") * 4 < fs::file_size(ck_full + "/model.safetensors"));
+  CHECK(dir_bytes(ck_small) < dir_bytes(ck_full));
+
+  // Exports of the two are identical.
+  io::ExportOptions eo;
+  eo.weights = "model";
+  eo.dtype = torch::kFloat32;
+  io::export_bundle(ck_full, run.dir.str("b_full"), eo);
+  io::export_bundle(ck_small, run.dir.str("b_small"), eo);
+  io::SafetensorsFile bf(run.dir.str("b_full/model.safetensors")), bs(run.dir.str("b_small/model.safetensors"));
+  REQUIRE(bf.names() == bs.names());
+  for (const auto& n : bf.names()) CHECK(torch::equal(bf.get(n), bs.get(n)));
+
+  // Resuming both to step 4 gives the same losses and weights.
+  train::RunOptions resume;
+  resume.resume = true;
+  std::map<std::string, torch::Tensor> w_full, w_small;
+  {
+    train::Trainer t(run.config("full", lora_partial(base, {"checkpoint.self_contained=true", "train.num_steps=4"})),
+                     resume);
+    CHECK(t.run() == 4);
+    w_full = params(*t.model());
+  }
+  {
+    train::Trainer t(run.config("small", lora_partial(base, {"train.num_steps=4"})), resume);
+    CHECK(t.run() == 4);
+    w_small = params(*t.model());
+  }
+  REQUIRE(w_full.size() == w_small.size());
+  for (const auto& [k, v] : w_full) CHECK(torch::equal(v, w_small.at(k)));
+  CHECK(fs::exists(run.dir.str("small") + "/checkpoints/4/" + io::kBaseRefFile));
+
+  // The base moved: a clear error before anything is built, and --set checkpoint.init_weights points at it.
+  const auto moved = run.dir.str("moved.safetensors");
+  fs::rename(base, moved);
+  CHECK_THROWS_WITH(train::Trainer(run.config("small", lora_partial(base, {"train.num_steps=5"})), resume),
+                    Contains("do not exist") && Contains("--set checkpoint.init_weights="));
+  {
+    train::Trainer t(run.config("small", lora_partial(moved, {"train.num_steps=5"})), resume);
+    CHECK(t.run() == 5);
+  }
+  // The base changed: the checksum catches it.
+  {
+    std::fstream f(moved, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(moved) - 5));
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(moved) - 5));
+    c = static_cast<char>(c ^ 0x5a);
+    f.write(&c, 1);
+  }
+  CHECK_THROWS_WITH(train::Trainer(run.config("small", lora_partial(moved, {"train.num_steps=6"})), resume).run(),
+                    Contains("checksum") && Contains(moved));
+}
+
+TEST_CASE("memory: a resume allocates no more than a fresh start; a bf16 export stays near the model's size",
+          "[integration][train]") {
+  TinyRun run;
+  const auto base = write_base(run, "base.safetensors", 13);
+  const auto extra = lora_partial(base, {"model.paligemma_variant=dummy", "model.action_expert_variant=dummy",
+                                         "train.freeze=full", "train.precision=float32", "data.prefetch=1",
+                                         "train.batch_size=1"});  // small batches: loader noise << the model
+  int64_t fresh_peak = 0, model_bytes = 0, largest = 0;
+  {
+    testing::PeakAllocation peak;
+    train::Trainer t(run.config("r", extra));
+    fresh_peak = peak.peak();
+    model_bytes = param_bytes(*t.model());
+    for (auto& p : t.model()->parameters()) largest = std::max<int64_t>(largest, p.numel() * 4);
+    t.run();
+  }
+  int64_t resume_peak = 0;
+  {
+    train::RunOptions resume;
+    resume.resume = true;
+    testing::PeakAllocation peak;
+    train::Trainer t(run.config("r", extra), resume);  // already at step 2: run() only restores
+    t.run();
+    resume_peak = peak.peak();
+  }
+  INFO("fresh " << fresh_peak << " B, resume " << resume_peak << " B, parameters " << model_bytes << " B");
+  // Reading the optimizer file whole (two float32 copies of the model) would add 2x the parameters.
+  CHECK(resume_peak <= fresh_peak + model_bytes / 4);
+  CHECK(fresh_peak >= 3 * model_bytes);  // parameters + AdamW's two moments at least: the measure is real
+
+  // Export to bf16: the float32 model plus about one converted tensor, not a converted copy of everything.
+  int64_t export_peak = 0;
+  {
+    io::ExportOptions eo;
+    eo.weights = "ema";
+    eo.dtype = torch::kBFloat16;
+    testing::PeakAllocation peak;
+    io::export_bundle(run.dir.str("r") + "/checkpoints/2", run.dir.str("bundle"), eo);
+    export_peak = peak.peak();
+  }
+  INFO("export " << export_peak << " B, largest tensor " << largest << " B");
+  // Converting everything up front would add half the model (bf16) at once.
+  REQUIRE(largest < model_bytes / 3);
+  CHECK(export_peak <= model_bytes + largest);
+  CHECK(export_peak >= model_bytes / 2);
+}
