@@ -107,7 +107,7 @@ TEST_CASE("init_weights: frozen weights are built in bf16 and hold exactly the f
   CHECK(trained > 0);
 }
 
-TEST_CASE("small checkpoints: what trains plus a checked reference to the base; resume and export combine them",
+TEST_CASE("small checkpoints: what trains plus a checked reference to the base, combined again by resume and export",
           "[integration][train]") {
   TinyRun run;
   const auto base = write_base(run, "base.safetensors", 12);
@@ -183,7 +183,7 @@ TEST_CASE("small checkpoints: what trains plus a checked reference to the base; 
                     Contains("checksum") && Contains(moved));
 }
 
-TEST_CASE("memory: a resume allocates no more than a fresh start; a bf16 export stays near the model's size",
+TEST_CASE("memory: a resume allocates no more than a fresh start and a bf16 export stays near the model's size",
           "[integration][train]") {
   TinyRun run;
   const auto base = write_base(run, "base.safetensors", 13);
