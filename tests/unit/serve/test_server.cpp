@@ -311,7 +311,7 @@ std::string openpi_client_python(const TempDir& dir) {
 
 }  // namespace
 
-TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and aloha and raw and exits 0 on SIGTERM", "[serve]") {
+TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and aloha and droid and raw and exits 0 on SIGTERM", "[serve]") {
   TempDir dir("pi0serve");
   const std::string python = openpi_client_python(dir);
   TempDir dir_libero("pi0serve_libero"), dir_aloha("pi0serve_aloha");
@@ -323,7 +323,8 @@ TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and a
     int64_t dims;
     std::string api_key;
   };
-  const std::vector<Case> cases = {{"libero", &libero, 7, "k3y"}, {"aloha", &aloha, 14, ""}, {"raw", &libero, 8, ""}};
+  const std::vector<Case> cases = {
+      {"libero", &libero, 7, "k3y"}, {"aloha", &aloha, 14, ""}, {"droid", &libero, 8, ""}, {"raw", &libero, 8, ""}};
   for (const auto& c : cases) {
     INFO("robot " << c.robot);
     const std::string steps = "--num-steps 3";
