@@ -35,7 +35,10 @@ std::string error_text(const std::exception& e) {
   return e.what();
 }
 
+// One line, and short: a message can quote the client's keys, which may be of any length.
 std::string one_line(std::string s) {
+  constexpr size_t kMax = 2000;
+  if (s.size() > kMax) s = s.substr(0, kMax) + "...";
   for (char& c : s)
     if (c == '\n' || c == '\r') c = ' ';
   return s;
