@@ -23,6 +23,7 @@
 #include "pi0/config/config.h"
 #include "pi0/io/bundle.h"
 #include "pi0/model/model_config.h"
+#include "pi0/nn/param_device.h"
 #include "pi0/serve/msgpack_numpy.h"
 #include "pi0/serve/policy.h"
 #include "pi0/serve/server.h"
@@ -92,7 +93,10 @@ io::Bundle bench_bundle(const std::string& config_path, const torch::Device& dev
   }
   b.norm_stats.keys = {{"state", k}, {"actions", k}};
   b.tokenizer_path = std::string(PI0_BENCH_SOURCE_DIR) + "/data/tokenizer/tiny_spm.model";
-  b.model = model::Pi0(model::options_from_config(b.config.model));
+  {
+    nn::ParamDeviceScope on_device(device);  // random weights made on the GPU, not on the host
+    b.model = model::Pi0(model::options_from_config(b.config.model));
+  }
   b.model->to(device);
   b.model->eval();
   return b;

@@ -17,7 +17,6 @@ PACKAGES=(cmake ninja-build g++ pkg-config libgloo-dev libopenblas0-pthread liby
           libspdlog-dev libhdf5-dev catch2 libsentencepiece-dev sentencepiece nlohmann-json3-dev zlib1g-dev
           libboost-dev libmsgpack-cxx-dev python3-venv)  # pi0-serve: Beast/Asio, msgpack; its test venv
 [ $CUDA = 1 ] || PACKAGES+=(libtorch-dev)
-
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

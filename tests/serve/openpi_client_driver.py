@@ -20,7 +20,7 @@ import urllib.request
 import numpy as np
 from openpi_client import websocket_client_policy
 
-ACTION_DIMS = {"libero": 7, "aloha": 14}
+ACTION_DIMS = {"libero": 7, "aloha": 14, "droid": 8}
 
 
 def save_safetensors(path, tensors):
@@ -74,6 +74,19 @@ def make_case(robot, i, rng):
                  "image/left_wrist_0_rgb": to_uint8_hwc(images["cam_left_wrist"], True)[None], "state": state[None]}
         if "cam_right_wrist" in images:
             model["image/right_wrist_0_rgb"] = to_uint8_hwc(images["cam_right_wrist"], True)[None]
+    elif robot == "droid":
+        exterior = rng.integers(0, 256, size=(30, 40, 3), dtype=np.uint8)
+        wrist = rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
+        joints, gripper = rng.normal(size=7), rng.random(size=1)
+        sent, chw = exterior, False
+        if i == 1:
+            sent, chw = np.ascontiguousarray(np.transpose(exterior, (2, 0, 1))), True
+        elif i == 2:
+            sent = exterior.astype(np.float64) / 255.0
+        obs = {"observation/exterior_image_1_left": sent, "observation/wrist_image_left": wrist,
+               "observation/joint_position": joints, "observation/gripper_position": gripper, "prompt": prompt}
+        model = {"image/base_0_rgb": to_uint8_hwc(sent, chw)[None], "image/left_wrist_0_rgb": wrist[None],
+                 "state": np.concatenate([joints, gripper])[None]}
     else:  # raw: the model's own keys, unbatched
         base = rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
         wrist = (rng.random(size=(28, 28, 3)) * 2 - 1).astype(np.float32)

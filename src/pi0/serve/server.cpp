@@ -35,7 +35,10 @@ std::string error_text(const std::exception& e) {
   return e.what();
 }
 
+// One line, and short: a message can quote the client's keys, which may be of any length.
 std::string one_line(std::string s) {
+  constexpr size_t kMax = 2000;
+  if (s.size() > kMax) s = s.substr(0, kMax) + "...";
   for (char& c : s)
     if (c == '\n' || c == '\r') c = ' ';
   return s;
@@ -60,6 +63,7 @@ struct Server::Impl {
   tcp::acceptor acceptor{strand};
   net::signal_set signals{strand};
   net::steady_timer grace{strand};
+  net::steady_timer retry{strand};  // accept() after an accept error
   std::vector<std::shared_ptr<std::function<void()>>> polls;  // do_stop's wait for the last connection
 
   Impl(Policy& p, ServerOptions o) : policy(p), options(std::move(o)) {}
@@ -283,7 +287,16 @@ class Session : public std::enable_shared_from_this<Session> {
 void Server::Impl::accept() {
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (stopped || !acceptor.is_open()) return;
-    if (!ec) {
+    if (ec) {
+      // E.g. out of file descriptors: try again shortly instead of spinning on the error.
+      spdlog::warn("pi0-serve: accept failed: {}", ec.message());
+      retry.expires_after(std::chrono::milliseconds(100));
+      retry.async_wait([this](beast::error_code e) {
+        if (!e && !stopped) accept();
+      });
+      return;
+    }
+    {
       auto s = std::make_shared<Session>(std::move(socket), *this);
       {
         std::lock_guard<std::mutex> lock(mutex);
@@ -303,6 +316,7 @@ void Server::Impl::do_stop() {
   beast::error_code ec;
   acceptor.close(ec);
   signals.cancel(ec);
+  retry.cancel();
   std::list<std::shared_ptr<Session>> live;
   {
     std::lock_guard<std::mutex> lock(mutex);

@@ -311,7 +311,7 @@ std::string openpi_client_python(const TempDir& dir) {
 
 }  // namespace
 
-TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and aloha and raw and exits 0 on SIGTERM", "[serve]") {
+TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and aloha and droid and raw and exits 0 on SIGTERM", "[serve]") {
   TempDir dir("pi0serve");
   const std::string python = openpi_client_python(dir);
   TempDir dir_libero("pi0serve_libero"), dir_aloha("pi0serve_aloha");
@@ -323,7 +323,8 @@ TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and a
     int64_t dims;
     std::string api_key;
   };
-  const std::vector<Case> cases = {{"libero", &libero, 7, "k3y"}, {"aloha", &aloha, 14, ""}, {"raw", &libero, 8, ""}};
+  const std::vector<Case> cases = {
+      {"libero", &libero, 7, "k3y"}, {"aloha", &aloha, 14, ""}, {"droid", &libero, 8, ""}, {"raw", &libero, 8, ""}};
   for (const auto& c : cases) {
     INFO("robot " << c.robot);
     const std::string steps = "--num-steps 3";
@@ -363,5 +364,44 @@ TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and a
     }
     CHECK(app.stop(SIGTERM) == 0);
     CHECK_THAT(app.stdout_text(), Contains("pi0-serve: stopped"));
+  }
+}
+
+TEST_CASE("pi0-serve: bad flags and bundles are one-line errors with exit code 2", "[serve]") {
+  TempDir dir("pi0serve");
+  const auto b = make_tiny_bundle(dir, "libero");
+  io::save_safetensors(dir.str("bad_noise.safetensors"), {{"noise", torch::zeros({3, 3})}});
+  // A port that is taken: bind one first.
+  boost::asio::io_context ioc;
+  boost::asio::ip::tcp::acceptor taken(ioc, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  const std::string port = std::to_string(taken.local_endpoint().port());
+  struct Case {
+    std::string args, expected;
+  };
+  const std::vector<Case> cases = {
+      {"--robot libero", "--bundle is required"},
+      {"--bundle " + b.bundle + " --robot franka", "--robot: got 'franka', expected libero, aloha, droid or raw"},
+      {"--bundle " + b.bundle + " --port 70000", "--port: got '70000', expected an integer in [0, 65535]"},
+      {"--bundle " + b.bundle + " --dtype fp8", "--dtype: got 'fp8', expected bf16 or f32"},
+      {"--bundle " + b.bundle + " --device tpu", "--device: got 'tpu', expected cpu, cuda or cuda:N"},
+      {"--bundle " + b.bundle + " --robot aloha", "--robot aloha: the bundle's actions have 8 dims"},
+      {"--bundle " + b.bundle + " --noise " + dir.str("bad_noise.safetensors"), "--noise: tensor has shape [3, 3]"},
+      {"--bundle " + b.bundle + " --host 127.0.0.1 --port " + port, "--port " + port + ": cannot listen on 127.0.0.1"},
+      {"--bundle " + b.bundle + " --host localhost.invalid", "--host: got 'localhost.invalid', expected an IP address"},
+      {"--bundle " + dir.str("nowhere"), "no such bundle directory"},
+      {"--bundle " + b.bundle + " --frobnicate", "unknown argument '--frobnicate'"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.args);
+    const std::string out = dir.str("err.txt");
+    const int status = std::system((std::string(PI0_BINARY_DIR) + "/pi0-serve " + c.args + " > /dev/null 2> " + out).c_str());
+    std::ifstream in(out);
+    const std::string err((std::istreambuf_iterator<char>(in)), {});
+    INFO("stderr: " << err);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 2);
+    CHECK(err.rfind("pi0-serve: error: ", 0) == 0);
+    CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+    CHECK_THAT(err, Contains(c.expected));
   }
 }
