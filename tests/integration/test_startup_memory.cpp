@@ -140,6 +140,13 @@ TEST_CASE("small checkpoints: what trains plus a checked reference to the base, 
   io::SafetensorsFile bf(run.dir.str("b_full/model.safetensors")), bs(run.dir.str("b_small/model.safetensors"));
   REQUIRE(bf.names() == bs.names());
   for (const auto& n : bf.names()) CHECK(torch::equal(bf.get(n), bs.get(n)));
+  // Also in bf16, where the small checkpoint's frozen weights are built directly in bf16.
+  eo.dtype = torch::kBFloat16;
+  io::export_bundle(ck_full, run.dir.str("h_full"), eo);
+  io::export_bundle(ck_small, run.dir.str("h_small"), eo);
+  io::SafetensorsFile hf(run.dir.str("h_full/model.safetensors")), hs(run.dir.str("h_small/model.safetensors"));
+  REQUIRE(hf.names() == hs.names());
+  for (const auto& n : hf.names()) CHECK(torch::equal(hf.get(n), hs.get(n)));
 
   // Resuming both to step 4 gives the same losses and weights.
   train::RunOptions resume;

@@ -140,9 +140,32 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     model = model::Pi0(model::options_from_config(cfg.model));
   }
   if (options.dtype == torch::kBFloat16) {
-    auto keep_bf16 = [](const std::string&, torch::ScalarType t) { return t == torch::kBFloat16; };
-    if (base_ref) adopt_file_dtypes(*model, base_path, keep_bf16);
-    adopt_file_dtypes(*model, (ckpt / kModelFile).string(), keep_bf16);
+    // What the checkpoint holds keeps its stored dtype; what a small checkpoint takes from its base is bf16 when
+    // the run kept its frozen weights in bf16 (they are rounded to it on load anyway), whatever the base stores.
+    SafetensorsFile own((ckpt / kModelFile).string());
+    std::optional<SafetensorsFile> base_file;
+    if (base_ref) base_file.emplace(base_path);
+    const bool base_bf16 = base_ref && base_ref->frozen_dtype == "BF16";
+    auto base_dtype = [&](const std::string& name) -> std::optional<torch::ScalarType> {
+      if (!base_file) return std::nullopt;
+      for (const auto& n : {name, "model." + name}) {
+        if (base_file->contains(n)) return base_file->info(n).scalar_type;
+      }
+      if (name == model::kEmbeddingName) {
+        for (const auto& n : {kLmHeadName, "model." + kLmHeadName})
+          if (base_file->contains(n)) return base_file->info(n).scalar_type;
+      }
+      return std::nullopt;
+    };
+    torch::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) {
+      auto& p = item.value();
+      std::optional<torch::ScalarType> stored;
+      if (own.contains(item.key())) stored = own.info(item.key()).scalar_type;
+      else if (auto b = base_dtype(item.key())) stored = base_bf16 ? torch::kBFloat16 : *b;
+      if (stored == torch::kBFloat16 && p.scalar_type() != torch::kBFloat16)
+        p.set_data(torch::empty(p.sizes(), p.options().dtype(torch::kBFloat16)));
+    }
   }
   load_checkpoint_weights(*model, checkpoint_dir, options.base_weights, "--base-weights NEW_PATH");
   if (weights == "ema") {
@@ -184,7 +207,7 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     so.progress = [&](uint64_t done, uint64_t total) {
       if (done >= next_report && done < total) {
         spdlog::info("writing {}: {:.1f}/{:.1f} GB", kModelFile, done / 1e9, total / 1e9);
-        next_report += 2ull << 30;
+        while (next_report <= done) next_report += 2ull << 30;
       }
     };
     save_model_weights(*model, (tmp / kModelFile).string(), so);

@@ -131,7 +131,7 @@ LoadReport load_model_weights(model::Pi0Impl& model, const std::string& path, co
     if (done >= next_report && done < total) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       spdlog::info("loading {}: {:.1f}/{:.1f} GB ({:.2f} GB/s)", path, done / 1e9, total / 1e9, done / 1e9 / s);
-      next_report += 2ull << 30;
+      while (next_report <= done) next_report += 2ull << 30;
     }
   };
   std::map<std::string, std::string> aliases;

@@ -464,7 +464,7 @@ std::string Trainer::save_checkpoint() {
   so.progress = [&](uint64_t done, uint64_t total) {
     if (done >= next_report && done < total) {
       spdlog::info("saving model.safetensors: {:.1f}/{:.1f} GB", done / 1e9, total / 1e9);
-      next_report += 2ull << 30;
+      while (next_report <= done) next_report += 2ull << 30;
     }
   };
   io::save_model_weights(*model_, (tmp / "model.safetensors").string(), so);
