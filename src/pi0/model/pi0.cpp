@@ -393,7 +393,7 @@ struct Pi0Impl::GraphCache {
 Pi0Impl::~Pi0Impl() = default;
 
 torch::Tensor Pi0Impl::denoise(const KVCache& cache, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
-                               torch::Tensor x, int64_t num_steps, int64_t first_step, int64_t count) {
+                               torch::Tensor x, int64_t num_steps, const std::function<void()>& after_step) {
   auto& pwe = *paligemma_with_expert;
   const int64_t b = x.size(0), h = options_.action_horizon, tp = prefix_pad_mask.size(1);
   auto f32 = torch::TensorOptions().dtype(x.scalar_type()).device(x.device());
@@ -402,9 +402,7 @@ torch::Tensor Pi0Impl::denoise(const KVCache& cache, const torch::Tensor& prefix
   // Time advances in float32 like the reference's `t + dt` loop.
   const float dt = -1.0f / static_cast<float>(num_steps);
   float t = 1.0f;
-  for (int64_t step = 0; step < first_step; ++step) t += dt;
-  const int64_t end = count < 0 ? num_steps : std::min(num_steps, first_step + count);
-  for (int64_t step = first_step; step < end; ++step) {
+  for (int64_t step = 0; step < num_steps; ++step) {
     auto suffix = embed_suffix(state, x, torch::full({b}, t, f32));
     const int64_t ts = suffix.embs.size(1);
     auto mask = torch::cat({prefix_pad_mask.unsqueeze(1).expand({b, ts, tp}),
@@ -416,6 +414,7 @@ torch::Tensor Pi0Impl::denoise(const KVCache& cache, const torch::Tensor& prefix
     auto v = action_out_proj->forward(nn::upcast(out.suffix.narrow(1, ts - h, h)));
     x = x + dt * v;
     t += dt;
+    if (after_step) after_step();
   }
   return x;
 }
@@ -467,24 +466,23 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
                               device.index(), uses_sdpa(device)};
     auto& slot = graphs_->entries[key];
     const bool fresh = !slot;
-    if (fresh) {
+    if (fresh) {  // the graph's fixed input buffers
       slot = std::make_unique<GraphCache::Entry>();
       for (size_t l = 0; l < cache.k.size(); ++l) {
-        slot->cache.k.push_back(cache.k[l].clone());
-        slot->cache.v.push_back(cache.v[l].clone());
+        slot->cache.k.push_back(torch::empty_like(cache.k[l]));
+        slot->cache.v.push_back(torch::empty_like(cache.v[l]));
       }
-      slot->pad_mask = prefix.pad_mask.clone();
-      slot->state = state.clone();
-      slot->x_in = x.clone();
-    } else {
-      for (size_t l = 0; l < cache.k.size(); ++l) {
-        slot->cache.k[l].copy_(cache.k[l]);
-        slot->cache.v[l].copy_(cache.v[l]);
-      }
-      slot->pad_mask.copy_(prefix.pad_mask);
-      slot->state.copy_(state);
-      slot->x_in.copy_(x);
+      slot->pad_mask = torch::empty_like(prefix.pad_mask);
+      slot->state = torch::empty_like(state);
+      slot->x_in = torch::empty_like(x);
     }
+    for (size_t l = 0; l < cache.k.size(); ++l) {
+      slot->cache.k[l].copy_(cache.k[l]);
+      slot->cache.v[l].copy_(cache.v[l]);
+    }
+    slot->pad_mask.copy_(prefix.pad_mask);
+    slot->state.copy_(state);
+    slot->x_in.copy_(x);
     if (fresh) {
       // Capture on a side stream after one eager warm-up there (lazy library initialization — cuBLAS handles and
       // workspaces, the Dense cast caches — must not happen inside the capture).
@@ -509,13 +507,10 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
   }
 #endif
   if (!timing) return denoise(cache, prefix.pad_mask, state, x, num_steps);
-  for (int64_t step = 0; step < num_steps; ++step) {
-    // One step at a time so each is timed; the same arithmetic as denoise() over all steps.
-    x = denoise(cache, prefix.pad_mask, state, x, num_steps, step, 1);
+  return denoise(cache, prefix.pad_mask, state, x, num_steps, [&] {
     timing->step_ms.push_back(elapsed_ms(clock, device));
     clock = std::chrono::steady_clock::now();
-  }
-  return x;
+  });
 }
 
 }  // namespace pi0::model

@@ -3,6 +3,7 @@
 // sample_actions integrates the learned velocity field with Euler steps and a prefix KV cache.
 // Shapes: B batch, H action_horizon, A action_dim, Tp prefix tokens, Ts suffix tokens, Wp/We expert widths.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -144,9 +145,9 @@ class Pi0Impl : public torch::nn::Module {
  private:
   Pi0Options options_;
   // The Euler loop over suffix passes against a fixed prefix cache; returns the final x.
-  // Steps [first_step, first_step + count) of num_steps (count < 0: to the end).
+  // `after_step`, when given, runs after each step (per-step timing).
   torch::Tensor denoise(const KVCache& cache, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
-                        torch::Tensor x, int64_t num_steps, int64_t first_step = 0, int64_t count = -1);
+                        torch::Tensor x, int64_t num_steps, const std::function<void()>& after_step = {});
   // The joint mask of a pass in the representation the attention path takes (bool, or SDPA's additive bias).
   torch::Tensor attention_mask_for(const torch::Tensor& mask, const torch::Tensor& like) const;
 

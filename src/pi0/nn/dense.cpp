@@ -72,13 +72,13 @@ void for_each_dense(torch::nn::Module& module, Fn fn) {
 }  // namespace
 
 void clear_cast_cache(torch::nn::Module& module) {
-  for_each_dense(module, [](DenseImpl& d) { d.cast_w = d.cast_b = d.cast_a = d.cast_bb = CachedCast{}; });
+  for_each_dense(module, [](DenseImpl& d) { d.drop_casts(); });
 }
 
 void set_cast_cache(torch::nn::Module& module, bool enabled) {
   for_each_dense(module, [enabled](DenseImpl& d) {
     d.cast_cache_enabled = enabled;
-    if (!enabled) d.cast_w = d.cast_b = d.cast_a = d.cast_bb = CachedCast{};
+    if (!enabled) d.drop_casts();
   });
 }
 
@@ -102,7 +102,7 @@ void DenseImpl::merge_lora() {
   parameters_.erase("lora_b");
   lora_a = torch::Tensor();
   lora_b = torch::Tensor();
-  cast_w = cast_a = cast_bb = CachedCast{};
+  drop_casts();
 }
 
 int64_t merge_all_lora(torch::nn::Module& module) {

@@ -51,6 +51,7 @@ class DenseImpl : public torch::nn::Module {
   /// cast parameters in the compute dtype while it lives; see clear_cast_cache().
   bool cast_cache_enabled = true;
   CachedCast cast_w, cast_b, cast_a, cast_bb;
+  void drop_casts() { cast_w = cast_b = cast_a = cast_bb = CachedCast{}; }
 };
 TORCH_MODULE(Dense);
 
