@@ -10,6 +10,7 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "pi0/app/cli.h"
 #include "pi0/common/check.h"
 #include "pi0/config/config.h"
 #include "pi0/io/bundle.h"
@@ -40,35 +42,23 @@ struct Args {
   int iters = 30, warmup = 3, requests = 6, num_steps = 10;
 };
 
-std::vector<int64_t> int_list(const std::string& s) {
-  std::vector<int64_t> v;
-  std::stringstream ss(s);
-  for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoll(x));
-  return v;
-}
-
-Args parse_args(int argc, char** argv) {
+// Flags through the shared command-line layer (--help lists them); std::nullopt when --help/--version answered.
+std::optional<Args> parse_args(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw UserError(k + " needs a value");
-      return argv[++i];
-    };
-    if (k == "--config") a.config = value();
-    else if (k == "--device") a.device = value();
-    else if (k == "--dtype") a.dtype = value();
-    else if (k == "--cameras") a.cameras = int_list(value());
-    else if (k == "--clients") a.clients = int_list(value());
-    else if (k == "--iters") a.iters = std::stoi(value());
-    else if (k == "--warmup") a.warmup = std::stoi(value());
-    else if (k == "--requests") a.requests = std::stoi(value());
-    else if (k == "--num-steps") a.num_steps = std::stoi(value());
-    else if (k == "--json") a.json = value();
-    else throw UserError("unknown argument '" + k + "' (see the usage line at the top of bench/bench_serve.cpp)");
-  }
-  if (a.dtype != "f32" && a.dtype != "bf16") throw UserError("--dtype must be f32 or bf16 (got " + a.dtype + ")");
-  if (a.iters < 1 || a.requests < 1) throw UserError("--iters and --requests must be >= 1");
+  auto cli = app::make_parser("bench_serve", "What pi0-serve adds to a model call, and its throughput.");
+  cli->add_option("--config", a.config, "model config (random weights)")->check(app::non_empty());
+  cli->add_option("--device", a.device, "cpu, cuda or cuda:N");
+  cli->add_option("--dtype", a.dtype, "activations")->check(app::one_of({"f32", "bf16"}));
+  cli->add_option("--cameras", a.cameras, "camera counts, comma-separated")->delimiter(',')->check(app::int_in(1, 3));
+  cli->add_option("--clients", a.clients, "concurrent client counts, comma-separated")
+      ->delimiter(',')
+      ->check(app::int_in(1, 1024));
+  cli->add_option("--iters", a.iters, "timed requests for the overhead table")->check(app::int_in(1));
+  cli->add_option("--warmup", a.warmup, "untimed requests first")->check(app::int_in(0));
+  cli->add_option("--requests", a.requests, "requests per client for the throughput table")->check(app::int_in(1));
+  cli->add_option("--num-steps", a.num_steps, "denoising steps")->check(app::int_in(1, 1000));
+  cli->add_option("--json", a.json, "also write the rows as JSON here")->check(app::non_empty());
+  if (app::parse(*cli, argc, argv)) return std::nullopt;
   return a;
 }
 
@@ -143,94 +133,94 @@ class Client {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    const auto a = parse_args(argc, argv);
-    spdlog::set_level(spdlog::level::warn);  // no per-connection lines in the tables
-    const torch::Device device(a.device);
-    if (device.is_cuda() && !torch::cuda::is_available()) throw UserError("--device cuda: no usable CUDA device");
-    io::Bundle bundle = bench_bundle(a.config, device);
-    const auto mo = bundle.model->options();
-    const int64_t size = bundle.transform.image_size;
-    serve::PolicyOptions po;
-    po.robot = serve::Robot::kRaw;
-    po.num_steps = a.num_steps;
-    po.compute_dtype = a.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-    po.noise = torch::randn({1, mo.action_horizon, mo.action_dim});
-    serve::Policy policy(std::move(bundle), po);
-    serve::ServerOptions so;
-    so.host = "127.0.0.1";
-    so.port = 0;
-    serve::Server server(policy, so);
-    std::thread serving([&] { server.run(false); });
-    const int port = server.port();
+int bench_main(int argc, char** argv) {
+  const auto parsed = parse_args(argc, argv);
+  if (!parsed) return 0;
+  const Args& a = *parsed;
+  spdlog::set_level(spdlog::level::warn);  // no per-connection lines in the tables
+  const torch::Device device = app::parse_device("--device", a.device);
+  io::Bundle bundle = bench_bundle(a.config, device);
+  const auto mo = bundle.model->options();
+  const int64_t size = bundle.transform.image_size;
+  serve::PolicyOptions po;
+  po.robot = serve::Robot::kRaw;
+  po.num_steps = a.num_steps;
+  po.compute_dtype = a.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  po.noise = torch::randn({1, mo.action_horizon, mo.action_dim});
+  serve::Policy policy(std::move(bundle), po);
+  serve::ServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  serve::Server server(policy, so);
+  std::thread serving([&] { server.run(false); });
+  const int port = server.port();
 
-    std::cout << "# bench_serve\n\nconfig " << a.config << " (" << (mo.pi05 ? "pi05" : "pi0") << "), device " << a.device
-              << ", " << a.dtype << ", " << a.num_steps << " steps, raw profile, " << size << "x" << size
-              << " uint8 cameras, one client on 127.0.0.1, " << a.iters << " requests after " << a.warmup
-              << " warm-up\noverhead = round trip - sample_actions (policy_timing.infer_ms); transport = round trip - "
-                 "server_timing.infer_ms (msgpack + websocket only)\n\n"
-              << "| cameras | frame KiB | round trip ms (median / p99) | sample_actions ms (median) | overhead ms (median / p99) "
-                 "| transport ms (median / p99) |\n|---|---|---|---|---|---|\n";
-    nlohmann::json rows = nlohmann::json::array();
-    for (const int64_t cams : a.cameras) {
-      const std::string frame = observation_frame(cams, size);
-      Client c(port);
-      std::vector<double> rtt, model, overhead, transport;
-      for (int i = 0; i < a.warmup + a.iters; ++i) {
-        double m = 0, s = 0;
-        const double r = c.request(frame, &m, &s);
-        if (i < a.warmup) continue;
-        rtt.push_back(r);
-        model.push_back(m);
-        overhead.push_back(r - m);
-        transport.push_back(r - s);
-      }
-      std::printf("| %lld | %.0f | %.2f / %.2f | %.2f | %.2f / %.2f | %.2f / %.2f |\n", static_cast<long long>(cams),
-                  frame.size() / 1024.0, percentile(rtt, 0.5), percentile(rtt, 0.99), percentile(model, 0.5),
-                  percentile(overhead, 0.5), percentile(overhead, 0.99), percentile(transport, 0.5),
-                  percentile(transport, 0.99));
-      rows.push_back({{"cameras", cams}, {"rtt_ms_median", percentile(rtt, 0.5)}, {"rtt_ms_p99", percentile(rtt, 0.99)},
-                      {"sample_actions_ms_median", percentile(model, 0.5)},
-                      {"overhead_ms_median", percentile(overhead, 0.5)}, {"overhead_ms_p99", percentile(overhead, 0.99)},
-                      {"transport_ms_median", percentile(transport, 0.5)}, {"transport_ms_p99", percentile(transport, 0.99)}});
+  std::cout << "# bench_serve\n\nconfig " << a.config << " (" << (mo.pi05 ? "pi05" : "pi0") << "), device " << a.device
+            << ", " << a.dtype << ", " << a.num_steps << " steps, raw profile, " << size << "x" << size
+            << " uint8 cameras, one client on 127.0.0.1, " << a.iters << " requests after " << a.warmup
+            << " warm-up\noverhead = round trip - sample_actions (policy_timing.infer_ms); transport = round trip - "
+               "server_timing.infer_ms (msgpack + websocket only)\n\n"
+            << "| cameras | frame KiB | round trip ms (median / p99) | sample_actions ms (median) | overhead ms (median / p99) "
+               "| transport ms (median / p99) |\n|---|---|---|---|---|---|\n";
+  nlohmann::json rows = nlohmann::json::array();
+  for (const int64_t cams : a.cameras) {
+    const std::string frame = observation_frame(cams, size);
+    Client c(port);
+    std::vector<double> rtt, model, overhead, transport;
+    for (int i = 0; i < a.warmup + a.iters; ++i) {
+      double m = 0, s = 0;
+      const double r = c.request(frame, &m, &s);
+      if (i < a.warmup) continue;
+      rtt.push_back(r);
+      model.push_back(m);
+      overhead.push_back(r - m);
+      transport.push_back(r - s);
     }
-
-    std::cout << "\n| clients | requests | wall s | requests/s | round trip ms (median / p99) |\n|---|---|---|---|---|\n";
-    nlohmann::json tput = nlohmann::json::array();
-    const std::string frame = observation_frame(a.cameras.front(), size);
-    for (const int64_t n : a.clients) {
-      std::vector<std::vector<double>> per(static_cast<size_t>(n));
-      std::vector<std::thread> threads;
-      const auto t0 = Clock::now();
-      for (int64_t k = 0; k < n; ++k) {
-        threads.emplace_back([&, k] {
-          Client c(port);
-          for (int i = 0; i < a.requests; ++i) {
-            double m = 0, s = 0;
-            per[static_cast<size_t>(k)].push_back(c.request(frame, &m, &s));
-          }
-        });
-      }
-      for (auto& t : threads) t.join();
-      const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-      std::vector<double> all;
-      for (auto& v : per) all.insert(all.end(), v.begin(), v.end());
-      const double rps = static_cast<double>(all.size()) / wall;
-      std::printf("| %lld | %zu | %.2f | %.2f | %.1f / %.1f |\n", static_cast<long long>(n), all.size(), wall, rps,
-                  percentile(all, 0.5), percentile(all, 0.99));
-      tput.push_back({{"clients", n}, {"requests", all.size()}, {"wall_s", wall}, {"requests_per_s", rps},
-                      {"rtt_ms_median", percentile(all, 0.5)}, {"rtt_ms_p99", percentile(all, 0.99)}});
-    }
-    server.stop();
-    serving.join();
-    policy.stop();
-    if (!a.json.empty())
-      std::ofstream(a.json) << nlohmann::json{{"config", a.config}, {"device", a.device}, {"dtype", a.dtype},
-                                              {"latency", rows}, {"throughput", tput}}.dump(2) << "\n";
-    return 0;
-  } catch (const std::exception& e) {
-    std::cerr << "bench_serve: " << e.what() << "\n";
-    return 1;
+    std::printf("| %lld | %.0f | %.2f / %.2f | %.2f | %.2f / %.2f | %.2f / %.2f |\n", static_cast<long long>(cams),
+                frame.size() / 1024.0, percentile(rtt, 0.5), percentile(rtt, 0.99), percentile(model, 0.5),
+                percentile(overhead, 0.5), percentile(overhead, 0.99), percentile(transport, 0.5),
+                percentile(transport, 0.99));
+    rows.push_back({{"cameras", cams}, {"rtt_ms_median", percentile(rtt, 0.5)}, {"rtt_ms_p99", percentile(rtt, 0.99)},
+                    {"sample_actions_ms_median", percentile(model, 0.5)},
+                    {"overhead_ms_median", percentile(overhead, 0.5)}, {"overhead_ms_p99", percentile(overhead, 0.99)},
+                    {"transport_ms_median", percentile(transport, 0.5)}, {"transport_ms_p99", percentile(transport, 0.99)}});
   }
+
+  std::cout << "\n| clients | requests | wall s | requests/s | round trip ms (median / p99) |\n|---|---|---|---|---|\n";
+  nlohmann::json tput = nlohmann::json::array();
+  const std::string frame = observation_frame(a.cameras.front(), size);
+  for (const int64_t n : a.clients) {
+    std::vector<std::vector<double>> per(static_cast<size_t>(n));
+    std::vector<std::thread> threads;
+    const auto t0 = Clock::now();
+    for (int64_t k = 0; k < n; ++k) {
+      threads.emplace_back([&, k] {
+        Client c(port);
+        for (int i = 0; i < a.requests; ++i) {
+          double m = 0, s = 0;
+          per[static_cast<size_t>(k)].push_back(c.request(frame, &m, &s));
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::vector<double> all;
+    for (auto& v : per) all.insert(all.end(), v.begin(), v.end());
+    const double rps = static_cast<double>(all.size()) / wall;
+    std::printf("| %lld | %zu | %.2f | %.2f | %.1f / %.1f |\n", static_cast<long long>(n), all.size(), wall, rps,
+                percentile(all, 0.5), percentile(all, 0.99));
+    tput.push_back({{"clients", n}, {"requests", all.size()}, {"wall_s", wall}, {"requests_per_s", rps},
+                    {"rtt_ms_median", percentile(all, 0.5)}, {"rtt_ms_p99", percentile(all, 0.99)}});
+  }
+  server.stop();
+  serving.join();
+  policy.stop();
+  if (!a.json.empty())
+    std::ofstream(a.json) << nlohmann::json{{"config", a.config}, {"device", a.device}, {"dtype", a.dtype},
+                                            {"latency", rows}, {"throughput", tput}}.dump(2) << "\n";
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  return app::run_app("bench_serve", [&] { return bench_main(argc, argv); });
 }

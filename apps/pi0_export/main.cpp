@@ -1,26 +1,20 @@
 // pi0-export: turns a training checkpoint into an inference bundle (docs/formats.md, "Inference bundle").
 //   pi0-export --checkpoint <run dir | run_dir/checkpoints/<step>> --out <bundle dir> [--weights ema|model]
-//              [--dtype bf16|float32]
-// A run directory exports its newest complete checkpoint. Exit codes: 0 done, 2 bad input, 1 internal error.
+//              [--dtype bf16|float32] [--base-weights PATH]
+// A run directory exports its newest complete checkpoint. Flags and exit codes: pi0-export --help.
 #include <filesystem>
 #include <iostream>
 #include <string>
 
 #include <spdlog/spdlog.h>
 
+#include "pi0/app/cli.h"
 #include "pi0/common/check.h"
 #include "pi0/common/threads.h"
 #include "pi0/io/bundle.h"
 #include "pi0/train/checkpoint_dir.h"
 
 namespace {
-
-const char* kUsage =
-    "usage: pi0-export --checkpoint <run dir | run_dir/checkpoints/<step>> --out <bundle dir>\n"
-    "                  [--weights ema|model] [--dtype bf16|float32] [--base-weights PATH]\n"
-    "  --weights  default: ema if the checkpoint has EMA weights, else model\n"
-    "  --dtype    dtype of the exported weights (default bf16, like openpi's converter)\n"
-    "  --base-weights  a small checkpoint's frozen base (base_weights.json) at a new location\n";
 
 // A checkpoint directory as given, or the newest complete checkpoint of a run directory.
 std::string resolve_checkpoint(const std::string& path) {
@@ -36,48 +30,31 @@ std::string resolve_checkpoint(const std::string& path) {
                        pi0::train::checkpoints_dir(path));
 }
 
+int export_main(int argc, char** argv) {
+  std::string checkpoint, out, dtype = "bf16";
+  pi0::io::ExportOptions opt;
+  auto cli = pi0::app::make_parser("pi0-export", "Turns a training checkpoint into an inference bundle.");
+  cli->add_option("--checkpoint", checkpoint, "run directory (its newest complete checkpoint) or one checkpoint")
+      ->required()->check(pi0::app::non_empty());
+  cli->add_option("--out", out, "bundle directory to write")->required()->check(pi0::app::non_empty());
+  cli->add_option("--weights", opt.weights, "ema or model (default: ema if the checkpoint has EMA weights, else model)")
+      ->check(pi0::app::one_of({"ema", "model"}));
+  cli->add_option("--dtype", dtype, "dtype of the exported weights (bf16 like openpi's converter; bfloat16, f32 also)")
+      ->check(pi0::app::one_of({"bf16", "bfloat16", "float32", "f32"}));
+  cli->add_option("--base-weights", opt.base_weights,
+                  "a small checkpoint's frozen base (base_weights.json) at a new location")
+      ->check(pi0::app::non_empty());
+  if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
+  opt.dtype = dtype == "float32" || dtype == "f32" ? torch::kFloat32 : torch::kBFloat16;
+  spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU
+  const auto report = pi0::io::export_bundle(resolve_checkpoint(checkpoint), out, opt);
+  std::cout << "wrote " << report.out_dir << " from " << report.checkpoint_dir << " (" << report.weights
+            << " weights, " << report.lora_layers_merged << " LoRA layers merged)\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU
-    std::string checkpoint, out;
-    pi0::io::ExportOptions opt;
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= argc) throw pi0::UserError(a + " needs a value");
-        return argv[++i];
-      };
-      if (a == "--checkpoint") checkpoint = value();
-      else if (a == "--base-weights") opt.base_weights = value();
-      else if (a == "--out") out = value();
-      else if (a == "--weights") {
-        opt.weights = value();
-        if (opt.weights != "ema" && opt.weights != "model")
-          throw pi0::UserError("--weights: got '" + opt.weights + "', expected ema or model");
-      } else if (a == "--dtype") {
-        const auto d = value();
-        if (d == "bf16" || d == "bfloat16") opt.dtype = torch::kBFloat16;
-        else if (d == "float32" || d == "f32") opt.dtype = torch::kFloat32;
-        else throw pi0::UserError("--dtype: got '" + d + "', expected bf16 or float32");
-      } else if (a == "-h" || a == "--help") {
-        std::cout << kUsage;
-        return 0;
-      } else {
-        throw pi0::UserError("unknown argument '" + a + "' (see --help)");
-      }
-    }
-    if (checkpoint.empty() || out.empty()) throw pi0::UserError("--checkpoint and --out are required (see --help)");
-    const auto report = pi0::io::export_bundle(resolve_checkpoint(checkpoint), out, opt);
-    std::cout << "wrote " << report.out_dir << " from " << report.checkpoint_dir << " (" << report.weights
-              << " weights, " << report.lora_layers_merged << " LoRA layers merged)\n";
-    return 0;
-  } catch (const pi0::UserError& e) {
-    std::cerr << "pi0-export: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "pi0-export: internal error: " << e.what() << "\n";
-    return 1;
-  }
+  return pi0::app::run_app("pi0-export", [&] { return export_main(argc, argv); });
 }

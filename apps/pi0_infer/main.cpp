@@ -2,7 +2,7 @@
 //   pi0-infer --bundle DIR --obs obs.safetensors --out actions.safetensors [--prompt "..."]
 //             [--noise noise.safetensors] [--num-steps 10] [--device cpu|cuda[:N]] [--loss]
 // Observation keys (openpi names) and outputs: docs/formats.md, "Observation files for pi0-infer".
-// Exit codes: 0 done, 2 bad input, 1 internal error.
+// Flags and exit codes: pi0-infer --help.
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -14,6 +14,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "pi0/app/cli.h"
 #include "pi0/common/check.h"
 #include "pi0/common/threads.h"
 #include "pi0/data/tokenizer.h"
@@ -22,92 +23,12 @@
 
 namespace {
 
-const char* kUsage =
-    "usage: pi0-infer --bundle DIR --obs obs.safetensors --out actions.safetensors [--prompt \"...\"]\n"
-    "                 [--noise noise.safetensors] [--num-steps 10] [--device cpu|cuda[:N]] [--loss]\n"
-    "                 [--cuda-graph on|off] [--dtype bf16|f32]\n"
-    "  --dtype    compute precision (default: the bundle's, i.e. bf16 for a bf16 export)\n"
-    "  --prompt   task text, tokenized with the bundle's tokenizer (else the file's tokenized_prompt[_mask])\n"
-    "  --noise    initial noise [B,H,A] (key 'noise'; else the obs file's 'noise', else random)\n"
-    "  --loss     the obs file also holds actions [B,H,A] (model space), noise [B,H,A] and time [B]:\n"
-    "             write the per-element flow-matching loss [B,H,A] instead of sampling\n"
-    "  --cuda-graph on|off  on CUDA, replay the denoising loop as a captured CUDA graph (default on; no effect on CPU)\n";
-
 struct Args {
-  std::string bundle, obs, out, noise, device = "cpu";
+  std::string bundle, obs, out, noise, device = "cpu", cuda_graph = "on", dtype;
   std::optional<std::string> prompt;
   int64_t num_steps = 10;
   bool loss = false;
-  bool cuda_graph = true;
-  std::optional<torch::ScalarType> dtype;
 };
-
-Args parse_args(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw pi0::UserError(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--bundle") a.bundle = value();
-    else if (arg == "--obs") a.obs = value();
-    else if (arg == "--out") a.out = value();
-    else if (arg == "--prompt") a.prompt = value();
-    else if (arg == "--noise") a.noise = value();
-    else if (arg == "--device") a.device = value();
-    else if (arg == "--loss") a.loss = true;
-    else if (arg == "--dtype") {
-      const auto v = value();
-      if (v == "bf16" || v == "bfloat16") a.dtype = torch::kBFloat16;
-      else if (v == "f32" || v == "float32") a.dtype = torch::kFloat32;
-      else throw pi0::UserError("--dtype: got '" + v + "', expected bf16 or f32");
-    }
-    else if (arg == "--cuda-graph") {
-      const auto v = value();
-      if (v != "on" && v != "off") throw pi0::UserError("--cuda-graph: got '" + v + "', expected on or off");
-      a.cuda_graph = v == "on";
-    }
-    else if (arg == "--num-steps") {
-      const auto v = value();
-      try {
-    spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU
-        size_t used = 0;
-        a.num_steps = std::stoll(v, &used);
-        if (used != v.size()) throw std::invalid_argument(v);
-      } catch (const std::exception&) {
-        throw pi0::UserError("--num-steps: got '" + v + "', expected a positive integer");
-      }
-      if (a.num_steps < 1) throw pi0::UserError("--num-steps: got " + v + ", expected a positive integer");
-    } else if (arg == "-h" || arg == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else {
-      throw pi0::UserError("unknown argument '" + arg + "' (see --help)");
-    }
-  }
-  if (a.bundle.empty() || a.obs.empty() || a.out.empty())
-    throw pi0::UserError("--bundle, --obs and --out are required (see --help)");
-  return a;
-}
-
-torch::Device parse_device(const std::string& s) {
-  if (s != "cpu" && s.rfind("cuda", 0) != 0) throw pi0::UserError("--device: got '" + s + "', expected cpu, cuda or cuda:N");
-  torch::Device d(torch::kCPU);
-  try {
-    d = torch::Device(s);
-  } catch (const std::exception&) {
-    throw pi0::UserError("--device: got '" + s + "', expected cpu, cuda or cuda:N");
-  }
-  if (d.is_cuda()) {
-    if (!torch::cuda::is_available())
-      throw pi0::UserError("--device: got '" + s + "' but no CUDA device is usable (CPU-only LibTorch or no GPU); use --device cpu");
-    if (d.has_index() && d.index() >= static_cast<int64_t>(torch::cuda::device_count()))
-      throw pi0::UserError("--device: got '" + s + "' but only " + std::to_string(torch::cuda::device_count()) +
-                           " CUDA device(s) exist");
-  }
-  return d;
-}
 
 std::string shape_str(at::IntArrayRef s) {
   std::ostringstream os;
@@ -129,67 +50,90 @@ torch::Tensor float_of_shape(const std::map<std::string, torch::Tensor>& tensors
   return t.to(torch::kFloat32);
 }
 
+int infer_main(int argc, char** argv) {
+  Args args;
+  auto cli = pi0::app::make_parser("pi0-infer",
+                                   "Runs an inference bundle on an observation file and writes the action chunk.");
+  cli->add_option("--bundle", args.bundle, "inference bundle directory (pi0-export)")
+      ->required()->check(pi0::app::non_empty());
+  cli->add_option("--obs", args.obs, "observation file (docs/formats.md)")->required()->check(pi0::app::non_empty());
+  cli->add_option("--out", args.out, "actions file to write")->required()->check(pi0::app::non_empty());
+  cli->add_option("--prompt", args.prompt,
+                  "task text, tokenized with the bundle's tokenizer (else the file's tokenized_prompt[_mask])");
+  cli->add_option("--noise", args.noise,
+                  "initial noise [B,H,A] (key 'noise'; else the obs file's 'noise', else random)")
+    ->check(pi0::app::non_empty());
+  cli->add_option("--num-steps", args.num_steps, "denoising steps")->check(pi0::app::int_in(1));
+  cli->add_option("--device", args.device, "cpu, cuda or cuda:N");
+  cli->add_flag("--loss", args.loss,
+                "the obs file also holds actions [B,H,A] (model space), noise [B,H,A] and time [B]: write the "
+                "per-element flow-matching loss [B,H,A] instead of sampling");
+  cli->add_option("--cuda-graph", args.cuda_graph,
+                  "on CUDA, replay the denoising loop as a captured CUDA graph (no effect on CPU)")
+    ->check(pi0::app::one_of({"on", "off"}));
+  cli->add_option("--dtype", args.dtype,
+                  "compute precision bf16 or f32 (default: the bundle's, i.e. bf16 for a bf16 export)")
+    ->check(pi0::app::one_of({"bf16", "bfloat16", "f32", "float32"}));
+  if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
+  std::optional<torch::ScalarType> dtype;
+  if (!args.dtype.empty())
+    dtype = args.dtype == "bf16" || args.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
+  spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU
+  const torch::Device device = pi0::app::parse_device("--device", args.device);
+  const auto obs_tensors = pi0::io::read_safetensors(args.obs);  // read first: input errors before the (slow) model load
+  pi0::io::Bundle bundle = pi0::io::load_bundle(args.bundle, device, dtype);
+  spdlog::info("computing in {}{}", bundle.dtype == torch::kBFloat16 ? "bf16" : "float32",
+               dtype ? " (--dtype)" : " (the bundle's precision; --dtype f32 to change)");
+  std::unique_ptr<pi0::data::Tokenizer> tokenizer;
+  if (args.prompt) tokenizer = std::make_unique<pi0::data::Tokenizer>(bundle.tokenizer_path);
+  auto inputs = pi0::io::make_inference_inputs(bundle, obs_tensors, args.obs, args.prompt, tokenizer.get());
+  const auto& mo = bundle.model->options();
+  const int64_t B = inputs.observation.batch_size();
+  const std::vector<int64_t> bha = {B, mo.action_horizon, mo.action_dim};
+  const std::string bha_legend = "[B,H,A]";
+  auto obs = inputs.observation.to(device);
+
+  if (args.loss) {
+    if (!args.noise.empty()) throw pi0::UserError("--noise: not used with --loss (the obs file holds 'noise')");
+    auto actions = float_of_shape(obs_tensors, "actions", args.obs, bha, bha_legend);
+    auto noise = float_of_shape(obs_tensors, "noise", args.obs, bha, bha_legend);
+    auto time = float_of_shape(obs_tensors, "time", args.obs, {B}, "[B]");
+    torch::NoGradGuard no_grad;
+    auto loss = bundle.model->compute_loss(obs, actions.to(device), noise.to(device), time.to(device));
+    pi0::io::save_safetensors(args.out, {{"loss", loss.to(torch::kCPU, torch::kFloat32)}});
+    std::cout << "loss (mean over " << loss.numel() << " elements): " << loss.mean().item<double>() << "\n"
+              << "wrote " << args.out << "\n";
+    return 0;
+  }
+
+  std::optional<torch::Tensor> noise;
+  if (!args.noise.empty()) {
+    const auto nt = pi0::io::read_safetensors(args.noise);
+    if (nt.count("noise")) noise = float_of_shape(nt, "noise", args.noise, bha, bha_legend);
+    else if (nt.size() == 1) noise = float_of_shape(nt, nt.begin()->first, args.noise, bha, bha_legend);
+    else throw pi0::UserError(args.noise + ": no tensor 'noise', expected the initial noise " + bha_legend);
+  } else if (obs_tensors.count("noise")) {
+    noise = float_of_shape(obs_tensors, "noise", args.obs, bha, bha_legend);
+  }
+  if (noise) noise = noise->to(device);
+  bundle.model->set_cuda_graph(args.cuda_graph == "on" && device.is_cuda());
+  pi0::model::SampleTiming timing;
+  auto actions = bundle.model->sample_actions(obs, noise, args.num_steps, /*use_kv_cache=*/true, &timing);
+  actions = actions.to(torch::kCPU, torch::kFloat32).contiguous();
+  auto robot = pi0::io::robot_actions(bundle, actions, inputs.raw_state);
+  std::printf("prefix pass: %.3f ms\n", timing.prefix_ms);
+  for (size_t i = 0; i < timing.step_ms.size(); ++i)
+    std::printf("denoise step %zu/%zu: %.3f ms\n", i + 1, timing.step_ms.size(), timing.step_ms[i]);
+  std::printf("total: %.3f ms (batch %lld, %s)\n", timing.total_ms(), static_cast<long long>(B), device.str().c_str());
+  pi0::io::save_safetensors(args.out, {{"actions", actions}, {"actions_unnormalized", robot}},
+                            {{"num_steps", std::to_string(args.num_steps)}, {"bundle", args.bundle}});
+  std::printf("wrote %s (actions %s, actions_unnormalized %s)\n", args.out.c_str(), shape_str(actions.sizes()).c_str(),
+              shape_str(robot.sizes()).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const Args args = parse_args(argc, argv);
-    const torch::Device device = parse_device(args.device);
-    const auto obs_tensors = pi0::io::read_safetensors(args.obs);  // read first: input errors before the (slow) model load
-    pi0::io::Bundle bundle = pi0::io::load_bundle(args.bundle, device, args.dtype);
-    spdlog::info("computing in {}{}", bundle.dtype == torch::kBFloat16 ? "bf16" : "float32",
-                 args.dtype ? " (--dtype)" : " (the bundle's precision; --dtype f32 to change)");
-    std::unique_ptr<pi0::data::Tokenizer> tokenizer;
-    if (args.prompt) tokenizer = std::make_unique<pi0::data::Tokenizer>(bundle.tokenizer_path);
-    auto inputs = pi0::io::make_inference_inputs(bundle, obs_tensors, args.obs, args.prompt, tokenizer.get());
-    const auto& mo = bundle.model->options();
-    const int64_t B = inputs.observation.batch_size();
-    const std::vector<int64_t> bha = {B, mo.action_horizon, mo.action_dim};
-    const std::string bha_legend = "[B,H,A]";
-    auto obs = inputs.observation.to(device);
-
-    if (args.loss) {
-      if (!args.noise.empty()) throw pi0::UserError("--noise: not used with --loss (the obs file holds 'noise')");
-      auto actions = float_of_shape(obs_tensors, "actions", args.obs, bha, bha_legend);
-      auto noise = float_of_shape(obs_tensors, "noise", args.obs, bha, bha_legend);
-      auto time = float_of_shape(obs_tensors, "time", args.obs, {B}, "[B]");
-      torch::NoGradGuard no_grad;
-      auto loss = bundle.model->compute_loss(obs, actions.to(device), noise.to(device), time.to(device));
-      pi0::io::save_safetensors(args.out, {{"loss", loss.to(torch::kCPU, torch::kFloat32)}});
-      std::cout << "loss (mean over " << loss.numel() << " elements): " << loss.mean().item<double>() << "\n"
-                << "wrote " << args.out << "\n";
-      return 0;
-    }
-
-    std::optional<torch::Tensor> noise;
-    if (!args.noise.empty()) {
-      const auto nt = pi0::io::read_safetensors(args.noise);
-      if (nt.count("noise")) noise = float_of_shape(nt, "noise", args.noise, bha, bha_legend);
-      else if (nt.size() == 1) noise = float_of_shape(nt, nt.begin()->first, args.noise, bha, bha_legend);
-      else throw pi0::UserError(args.noise + ": no tensor 'noise', expected the initial noise " + bha_legend);
-    } else if (obs_tensors.count("noise")) {
-      noise = float_of_shape(obs_tensors, "noise", args.obs, bha, bha_legend);
-    }
-    if (noise) noise = noise->to(device);
-    bundle.model->set_cuda_graph(args.cuda_graph && device.is_cuda());
-    pi0::model::SampleTiming timing;
-    auto actions = bundle.model->sample_actions(obs, noise, args.num_steps, /*use_kv_cache=*/true, &timing);
-    actions = actions.to(torch::kCPU, torch::kFloat32).contiguous();
-    auto robot = pi0::io::robot_actions(bundle, actions, inputs.raw_state);
-    std::printf("prefix pass: %.3f ms\n", timing.prefix_ms);
-    for (size_t i = 0; i < timing.step_ms.size(); ++i)
-      std::printf("denoise step %zu/%zu: %.3f ms\n", i + 1, timing.step_ms.size(), timing.step_ms[i]);
-    std::printf("total: %.3f ms (batch %lld, %s)\n", timing.total_ms(), static_cast<long long>(B), device.str().c_str());
-    pi0::io::save_safetensors(args.out, {{"actions", actions}, {"actions_unnormalized", robot}},
-                              {{"num_steps", std::to_string(args.num_steps)}, {"bundle", args.bundle}});
-    std::printf("wrote %s (actions %s, actions_unnormalized %s)\n", args.out.c_str(), shape_str(actions.sizes()).c_str(),
-                shape_str(robot.sizes()).c_str());
-    return 0;
-  } catch (const pi0::UserError& e) {
-    std::cerr << "pi0-infer: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "pi0-infer: internal error: " << e.what() << "\n";
-    return 1;
-  }
+  return pi0::app::run_app("pi0-infer", [&] { return infer_main(argc, argv); });
 }

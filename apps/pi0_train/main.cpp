@@ -2,31 +2,29 @@
 //   pi0-train --config run.yaml [--set section.key=value ...] [--resume] [--print-params [--json]]
 // Data parallel: launch one process per GPU (or CPU rank) with torchrun --no-python or SLURM srun; the rank, world
 // size and rendezvous come from the environment (see docs/distributed.md).
-// Exit codes: 0 done (or stopped by SIGINT/SIGTERM after saving), 2 bad input, 3 training diverged, 1 internal,
-// 4 distributed failure (a peer rank died or hung, rendezvous failed).
+// Exit codes: 0 done (or stopped by SIGINT/SIGTERM: after saving, or before the first step with nothing to save),
+// 2 bad input, 3 training diverged, 1 internal, 4 distributed failure (a peer rank died or hung, rendezvous failed).
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include <spdlog/spdlog.h>
 
+#include "pi0/app/cli.h"
 #include "pi0/common/check.h"
+#include "pi0/common/interrupt.h"
 #include "pi0/common/logging.h"
 #include "pi0/common/threads.h"
 #include "pi0/config/config.h"
 #include "pi0/dist/dist_env.h"
 #include "pi0/dist/process_group.h"
 #include "pi0/train/freeze.h"
+#include "pi0/train/signals.h"
 #include "pi0/train/trainer.h"
 
 namespace {
-
-const char* kUsage =
-    "usage: pi0-train --config run.yaml [--set section.key=value ...] [--resume] [--print-params [--json]]\n"
-    "       pi0-train --config-reference        (every config key with its default, as markdown)\n";
 
 struct Args {
   std::string config;
@@ -34,95 +32,84 @@ struct Args {
   bool resume = false, print_params = false, json = false, reference = false;
 };
 
-Args parse_args(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const std::string& flag) -> std::string {
-      if (i + 1 >= argc) throw pi0::UserError(flag + " needs a value\n" + kUsage);
-      return argv[++i];
-    };
-    if (arg == "--config") a.config = value(arg);
-    else if (arg == "--set") a.overrides.push_back(value(arg));
-    else if (arg.rfind("--set=", 0) == 0) a.overrides.push_back(arg.substr(6));
-    else if (arg == "--resume") a.resume = true;
-    else if (arg == "--print-params") a.print_params = true;
-    else if (arg == "--json") a.json = true;
-    else if (arg == "--config-reference") a.reference = true;
-    else if (arg == "-h" || arg == "--help") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else {
-      throw pi0::UserError("unknown argument '" + arg + "'\n" + kUsage);
+int print_params(const pi0::config::Config& cfg, const Args& args) {
+  const auto b = pi0::train::planned_breakdown(cfg);
+  // A model built from scratch draws its random initialization in float32 before converting what is stored
+  // narrower: that transient is the start-up peak. Weights from a file are created in their storage dtype.
+  const bool from_file = !cfg.checkpoint.init_weights.empty() || args.resume;
+  const int64_t startup_peak = from_file ? 0 : b.total.total * 4;  // before the optimizer state exists
+  if (args.json) {
+    auto j = pi0::train::breakdown_json(b);
+    j["startup_peak_bytes"] = std::max(startup_peak, b.total.memory_bytes() - b.total.grad_bytes);
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << pi0::train::format_breakdown(b);
+    if (startup_peak > b.total.memory_bytes() - b.total.grad_bytes) {
+      std::printf("start-up peak: %.2f GiB (random initialization in float32; set checkpoint.init_weights to "
+                  "build directly in the storage dtypes)\n",
+                  static_cast<double>(startup_peak) / (1ull << 30));
     }
   }
-  if (a.config.empty() && !a.reference) throw pi0::UserError(std::string("--config is required\n") + kUsage);
-  if (a.json && !a.print_params) throw pi0::UserError("--json only goes with --print-params");
-  return a;
+  return 0;
+}
+
+int train_main(int argc, char** argv) {
+  Args args;
+  auto cli = pi0::app::make_parser("pi0-train", "Fine-tunes pi0 / pi0.5 from a YAML config (docs/config.md).");
+  cli->add_option("--config", args.config, "the run's YAML config")->check(pi0::app::non_empty());
+  pi0::app::add_config_overrides(*cli, args.overrides);
+  cli->add_flag("--resume", args.resume, "continue from the newest complete checkpoint in checkpoint.run_dir");
+  auto* print = cli->add_flag("--print-params", args.print_params,
+                              "print total, trainable and frozen parameters and their memory per component, then exit");
+  cli->add_flag("--json", args.json, "with --print-params: as JSON")->needs(print);
+  cli->add_flag("--config-reference", args.reference, "print every config key with its default (markdown) and exit");
+  cli->footer("Exit codes: 0 done (or stopped by SIGINT/SIGTERM), 1 internal error, 2 bad input (one line on stderr "
+              "naming the flag, key or file), 3 training diverged, 4 distributed failure.");
+  if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
+  if (args.reference) {
+    std::cout << "| key | default | meaning |\n|---|---|---|\n";
+    for (const auto& [key, def, doc] : pi0::config::config_reference())
+      std::cout << "| `" << key << "` | `" << def << "` | " << doc << " |\n";
+    return 0;
+  }
+  if (args.config.empty()) throw pi0::UserError("--config is required (see --help)");
+  auto cfg = pi0::config::load_config(args.config, args.overrides);
+  if (args.print_params) return print_params(cfg, args);
+
+  pi0::train::RunOptions run;
+  run.resume = args.resume;
+  const auto env = pi0::dist::dist_env_from_environment();
+  run.rank = env.rank;
+  run.world_size = env.world_size;
+  pi0::set_log_rank(static_cast<int>(run.rank));
+  if (env.distributed()) {
+    if (cfg.train.device == "cuda") cfg.train.device = "cuda:" + std::to_string(env.local_rank);  // one GPU per rank
+    spdlog::info("rank {} of {} (local rank {}, launcher {}), device {}, rendezvous {}:{}", env.rank,
+                 env.world_size, env.local_rank, env.launcher, cfg.train.device, env.master_addr, env.master_port);
+    run.process_group = std::make_shared<pi0::dist::ProcessGroup>(env, torch::Device(cfg.train.device),
+                                                                  std::chrono::seconds(cfg.dist.timeout_s));
+  }
+  spdlog::info("resolved config ({}):\n{}", args.config, YAML::Dump(pi0::config::to_yaml(cfg)));
+  spdlog::info("{} (train.num_threads {})", pi0::set_num_threads(static_cast<int>(cfg.train.num_threads)).describe(),
+               cfg.train.num_threads);
+  try {
+    pi0::train::Trainer trainer(cfg, run);
+    trainer.run();
+  } catch (const pi0::Interrupted&) {
+    // SIGINT/SIGTERM during start-up (data checks, model build, weight load, resume): a stop on request, not a
+    // failure. Once a step has run, a stop finishes that step and saves instead (Trainer::run).
+    std::cout.flush();
+    std::cerr << "stopped before the first step; nothing to save" << std::endl;
+    return 0;
+  }
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const auto args = parse_args(argc, argv);
-    if (args.reference) {
-      std::cout << "| key | default | meaning |\n|---|---|---|\n";
-      for (const auto& [key, def, doc] : pi0::config::config_reference())
-        std::cout << "| `" << key << "` | `" << def << "` | " << doc << " |\n";
-      return 0;
-    }
-    auto cfg = pi0::config::load_config(args.config, args.overrides);
-    if (args.print_params) {
-      const auto b = pi0::train::planned_breakdown(cfg);
-      // A model built from scratch draws its random initialization in float32 before converting what is stored
-      // narrower: that transient is the start-up peak. Weights from a file are created in their storage dtype.
-      const bool from_file = !cfg.checkpoint.init_weights.empty() || args.resume;
-      const int64_t startup_peak = from_file ? 0 : b.total.total * 4;  // before the optimizer state exists
-      if (args.json) {
-        auto j = pi0::train::breakdown_json(b);
-        j["startup_peak_bytes"] = std::max(startup_peak, b.total.memory_bytes() - b.total.grad_bytes);
-        std::cout << j.dump(2) << "\n";
-      } else {
-        std::cout << pi0::train::format_breakdown(b);
-        if (startup_peak > b.total.memory_bytes() - b.total.grad_bytes) {
-          std::printf("start-up peak: %.2f GiB (random initialization in float32; set checkpoint.init_weights to "
-                      "build directly in the storage dtypes)\n",
-                      static_cast<double>(startup_peak) / (1ull << 30));
-        }
-      }
-      return 0;
-    }
-    pi0::train::RunOptions run;
-    run.resume = args.resume;
-    const auto env = pi0::dist::dist_env_from_environment();
-    run.rank = env.rank;
-    run.world_size = env.world_size;
-    pi0::set_log_rank(static_cast<int>(run.rank));
-    if (env.distributed()) {
-      if (cfg.train.device == "cuda") cfg.train.device = "cuda:" + std::to_string(env.local_rank);  // one GPU per rank
-      spdlog::info("rank {} of {} (local rank {}, launcher {}), device {}, rendezvous {}:{}", env.rank,
-                   env.world_size, env.local_rank, env.launcher, cfg.train.device, env.master_addr, env.master_port);
-      run.process_group = std::make_shared<pi0::dist::ProcessGroup>(env, torch::Device(cfg.train.device),
-                                                                    std::chrono::seconds(cfg.dist.timeout_s));
-    }
-    spdlog::info("resolved config ({}):\n{}", args.config, YAML::Dump(pi0::config::to_yaml(cfg)));
-    spdlog::info("{} (train.num_threads {})", pi0::set_num_threads(static_cast<int>(cfg.train.num_threads)).describe(),
-                 cfg.train.num_threads);
-    pi0::train::Trainer trainer(cfg, run);
-    trainer.run();
-    return 0;
-  } catch (const pi0::UserError& e) {
-    std::cerr << "pi0-train: error: " << e.what() << "\n";
-    return 2;
-  } catch (const pi0::dist::DistError& e) {
-    std::cerr << "pi0-train: distributed failure: " << e.what() << "\n";
-    return 4;
-  } catch (const pi0::train::TrainingError& e) {
-    std::cerr << "pi0-train: training stopped: " << e.what() << "\n";
-    return 3;
-  } catch (const std::exception& e) {
-    std::cerr << "pi0-train: internal error: " << e.what() << "\n";
-    return 1;
-  }
+  // First thing: a SIGINT/SIGTERM at any point of start-up sets the stop flag (checked at the interruption points
+  // of start-up and after every step) instead of killing the process with no message.
+  pi0::train::install_stop_signal_handlers();
+  return pi0::app::run_app("pi0-train", [&] { return train_main(argc, argv); });
 }

@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -22,6 +27,34 @@ std::string scalar_text(const YAML::Node& n) {
 [[noreturn]] void type_error(const std::string& source, const std::string& key, const YAML::Node& n,
                              const std::string& expected) {
   throw UserError(source + ": " + key + " must be " + expected + " (got '" + scalar_text(n) + "')");
+}
+
+// 1-based line of a parsed node, for messages ("?" for nodes built in code).
+std::string line_of(const YAML::Mark& m) { return m.line >= 0 ? std::to_string(m.line + 1) : "?"; }
+
+// Where each dotted key of the file is ("train.lr_peak" → its mark), for messages: the parsed tree is cloned
+// before --set overrides apply, and clones lose their marks.
+using KeyMarks = std::map<std::string, YAML::Mark>;
+
+// Records every key's mark in `marks`. yaml-cpp keeps both entries of a repeated key and operator[] returns the
+// first, so a second `train:` section would be ignored without a word: a repeated key is an error naming both lines.
+void index_keys(const YAML::Node& n, const std::string& prefix, const std::string& source, KeyMarks& marks) {
+  if (n.IsMap()) {
+    std::map<std::string, YAML::Mark> seen;
+    for (const auto& kv : n) {
+      const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : scalar_text(kv.first);
+      const auto [first, inserted] = seen.emplace(key, kv.first.Mark());
+      if (!inserted) {
+        throw UserError(source + ": duplicate key '" + prefix + key + "' at lines " + line_of(first->second) +
+                        " and " + line_of(kv.first.Mark()) + " (a key may appear once per section; merge them)");
+      }
+      marks.emplace(prefix + key, kv.first.Mark());
+      index_keys(kv.second, prefix + key + ".", source, marks);
+    }
+  } else if (n.IsSequence()) {
+    const auto list = prefix.empty() ? prefix : prefix.substr(0, prefix.size() - 1);
+    for (size_t i = 0; i < n.size(); ++i) index_keys(n[i], list + "[" + std::to_string(i) + "].", source, marks);
+  }
 }
 
 template <class T>
@@ -64,6 +97,7 @@ void parse(const YAML::Node& n, std::map<std::string, std::string>& out, const s
 struct Reader {
   YAML::Node node;
   std::string prefix, source;
+  const KeyMarks* marks = nullptr;  // where the file's keys are (line numbers in messages); null for specs
   std::vector<std::string> known;
 
   template <class T>
@@ -71,14 +105,21 @@ struct Reader {
     known.push_back(key);
     if (!node.IsMap()) return;
     const YAML::Node n = node[key];
-    if (!n || n.IsNull()) return;
+    if (!n) return;
+    if (n.IsNull()) {
+      // `key:` with nothing after it would silently mean "the default", which is rarely what was meant.
+      std::string where;
+      if (marks && marks->count(prefix + key)) where = " (line " + line_of(marks->at(prefix + key)) + ")";
+      throw UserError(source + ": " + prefix + key + " has no value" + where +
+                      "; give one ('' for an empty string) or remove the key to keep the default");
+    }
     parse(n, field, source, prefix + key);
   }
   template <class S>
   void section(const char* key, S& s) {
     known.push_back(key);
     YAML::Node n = node.IsMap() ? node[key] : YAML::Node();
-    read_struct(n, s, prefix + key + ".", source);
+    read_struct(n, s, prefix + key + ".", source, marks);
   }
   void finish() const {
     if (!node || node.IsNull()) return;
@@ -97,8 +138,9 @@ struct Reader {
   }
 
   template <class S>
-  static void read_struct(const YAML::Node& n, S& s, const std::string& prefix, const std::string& source) {
-    Reader r{n, prefix, source, {}};
+  static void read_struct(const YAML::Node& n, S& s, const std::string& prefix, const std::string& source,
+                          const KeyMarks* marks = nullptr) {
+    Reader r{n, prefix, source, marks, {}};
     s.visit(r);
     r.finish();
   }
@@ -224,6 +266,11 @@ void apply_override(YAML::Node& root, const std::string& assignment, const std::
   } catch (const YAML::Exception& e) {
     throw UserError("--set " + key + ": value is not valid YAML (" + e.msg + ")");
   }
+  if (value.IsNull()) {
+    // "key=" (or key=null) used to reset the key to its built-in default without a word (a run once landed in
+    // runs/default that way).
+    throw UserError("--set " + assignment + ": empty value; give one (" + key + "='' for an empty string)");
+  }
   std::vector<std::string> parts;
   std::stringstream ss(key);
   for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
@@ -242,6 +289,32 @@ void apply_override(YAML::Node& root, const std::string& assignment, const std::
   (void)source;
 }
 
+// NaN and infinity are never a meaningful setting, and `.inf` is valid YAML that passes range checks such as
+// "lr_peak > 0": every floating-point field (sections, model specs) must be finite, however it was set.
+struct FiniteChecker {
+  std::string prefix;
+  void operator()(const char* key, const double& v, const char*) const {
+    if (std::isfinite(v)) return;
+    std::ostringstream os;
+    os << prefix << key << " must be a finite number (got " << v << ")";
+    throw UserError(os.str());
+  }
+  template <class T>
+  void operator()(const char* key, const T& field, const char*) const {
+    if constexpr (std::is_same_v<T, GemmaSpec> || std::is_same_v<T, SiglipSpec>) {
+      if (field.is_named()) return;
+      FiniteChecker inner{prefix + key + "."};
+      auto copy = field;
+      copy.visit(inner);
+    }
+  }
+  template <class S>
+  void section(const char* key, S& s) const {
+    FiniteChecker inner{prefix + key + "."};
+    s.visit(inner);
+  }
+};
+
 template <class T>
 void require(bool ok, const std::string& key, const T& value, const std::string& expected) {
   if (ok) return;
@@ -256,29 +329,46 @@ std::string GemmaSpec::describe() const { return scalar_text(Writer::encode(*thi
 std::string SiglipSpec::describe() const { return scalar_text(Writer::encode(*this)); }
 
 Config parse_config(const YAML::Node& input, const std::string& source, const std::vector<std::string>& overrides) {
+  KeyMarks marks;
+  index_keys(input, "", source, marks);
   YAML::Node root = input && !input.IsNull() ? YAML::Clone(input) : YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) throw UserError(source + ": the config must be a mapping of sections (model, data, train, ...)");
   for (const auto& o : overrides) apply_override(root, o, source);
   Config c;
-  Reader::read_struct(root, c, "", source);
+  Reader::read_struct(root, c, "", source, &marks);
   validate(c);
   return c;
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw UserError("config file '" + path + "' does not exist");
+  if (std::filesystem::is_directory(path, ec)) {
+    throw UserError("config file '" + path + "' is a directory; expected a YAML file (e.g. configs/debug.yaml)");
+  }
   std::ifstream f(path);
-  if (!f) throw UserError("config file '" + path + "' cannot be read (missing or not readable)");
+  if (!f) throw UserError("config file '" + path + "' cannot be read (" + std::strerror(errno) + ")");
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
+    root = YAML::Load(f);
   } catch (const YAML::Exception& e) {
     throw UserError("config file '" + path + "' is not valid YAML: line " + std::to_string(e.mark.line + 1) + ": " +
                     e.msg);
+  }
+  // An empty file would otherwise run as "all defaults": the full-size model with no data, failing late.
+  if (root.IsNull()) {
+    throw UserError("config file '" + path + "' is empty; expected the sections model, data, train, checkpoint "
+                    "(start from configs/debug.yaml; pi0-train --config-reference lists every key)");
   }
   return parse_config(root, path, overrides);
 }
 
 void validate(const Config& c) {
+  {
+    FiniteChecker finite;
+    auto copy = c;  // visit() is not const
+    copy.visit(finite);
+  }
   const auto& m = c.model;
   require(m.type == "pi0" || m.type == "pi05", "model.type", "'" + m.type + "'", "pi0 or pi05");
   require(m.vocab_size > 0, "model.vocab_size", m.vocab_size, "> 0");

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/interrupt.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/model/param_layout.h"
 
@@ -82,6 +83,7 @@ LoadReport load_from(model::Pi0Impl& model, const Source& src, const std::string
       }
       continue;
     }
+    interruption_point();  // a stop during a multi-GB load ends it within one tensor
     src.read_into(from, param);
     report.loaded.push_back(name);
   }

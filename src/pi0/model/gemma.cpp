@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "pi0/common/check.h"
+#include "pi0/common/interrupt.h"
 
 namespace pi0::model {
 
@@ -75,6 +76,7 @@ GemmaModelImpl::GemmaModelImpl(GemmaOptions o) : options(o) {
   }
   layers_list = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.depth; ++i) {
+    interruption_point();  // a full-size random init takes tens of seconds: a stop ends it within one layer
     layers.push_back(GemmaDecoderLayer(o));
     layers_list->push_back(layers.back());
   }

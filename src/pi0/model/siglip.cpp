@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "pi0/common/check.h"
+#include "pi0/common/interrupt.h"
 #include "pi0/nn/checkpoint.h"
 #include "pi0/nn/param_device.h"
 
@@ -81,6 +82,7 @@ SiglipImpl::SiglipImpl(SiglipOptions o) : options(o) {
   auto encoder = register_module("encoder", std::make_shared<torch::nn::Module>());
   auto list = encoder->register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.depth; ++i) {
+    interruption_point();  // see GemmaModelImpl: a stop ends a long random init within one layer
     layers.push_back(SiglipEncoderLayer(o));
     list->push_back(layers.back());
   }

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstring>
 
+#include "pi0/common/interrupt.h"
+
 namespace pi0::train {
 
 namespace {
@@ -25,11 +27,12 @@ void restore_default(int sig) {
 
 void on_stop_signal(int sig) {
   g_stop_signal.store(sig);
+  request_interrupt();
   restore_default(SIGINT);
   restore_default(SIGTERM);
   static const char msg[] =
-      "\npi0: stop requested; finishing the current step and saving a checkpoint (send the signal again to exit "
-      "immediately)\n";
+      "\npi0: stop requested; once training has started, the current step finishes and a checkpoint is saved (send "
+      "the signal again to exit immediately)\n";
   ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof msg - 1);
   (void)ignored;
 }
@@ -61,6 +64,9 @@ void uninstall_stop_signal_handlers() {
 
 bool stop_requested() { return g_stop_signal.load() != 0; }
 int stop_signal() { return g_stop_signal.load(); }
-void reset_stop_request() { g_stop_signal.store(0); }
+void reset_stop_request() {
+  g_stop_signal.store(0);
+  clear_interrupt();
+}
 
 }  // namespace pi0::train

@@ -1,6 +1,8 @@
 // Graceful stop on SIGINT / SIGTERM: the first signal only sets a flag that the training loop polls between
 // steps (so it can save a checkpoint and exit cleanly); it also restores the default action for both signals,
-// so a second Ctrl-C / SIGTERM terminates the process immediately.
+// so a second Ctrl-C / SIGTERM terminates the process immediately. pi0-train installs the handlers first thing
+// in main(): the same signal also sets pi0::request_interrupt() (common/interrupt.h), so start-up (model build,
+// weight load, resume) stops at its next interruption point instead of the process dying with no message.
 #pragma once
 
 namespace pi0::train {
@@ -13,7 +15,7 @@ void uninstall_stop_signal_handlers();
 bool stop_requested();
 /// The signal number that requested the stop, or 0.
 int stop_signal();
-/// Clears the flag (tests, or a trainer that handles several runs in one process).
+/// Clears the flag and the interrupt (tests, or a trainer that handles several runs in one process).
 void reset_stop_request();
 
 }  // namespace pi0::train

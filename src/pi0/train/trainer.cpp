@@ -1,10 +1,13 @@
 #include "pi0/train/trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -14,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/interrupt.h"
 #include "pi0/dist/consistency.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
@@ -25,6 +29,7 @@
 #include "pi0/train/lr_schedule.h"
 #include "pi0/train/metrics.h"
 #include "pi0/train/signals.h"
+#include "pi0/train/trainer_state.h"
 
 namespace pi0::train {
 namespace fs = std::filesystem;
@@ -47,6 +52,29 @@ void write_file_atomic(const fs::path& path, const std::string& text) {
     if (!f.flush()) throw UserError("cannot write '" + tmp + "'");
   }
   fs::rename(tmp, path);
+}
+
+// `dir` is a writable directory, or can be created (its nearest existing ancestor is a writable directory);
+// UserError naming `key` otherwise. Checked before the model is built, so a bad run_dir costs no start-up time,
+// and without creating anything, so a run that fails its checks leaves nothing behind.
+void check_writable_dir(const std::string& dir, const std::string& key) {
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_directory(dir, ec)) throw UserError(key + " '" + dir + "' is a file; expected a directory");
+    if (::access(dir.c_str(), W_OK | X_OK) != 0)
+      throw UserError(key + " '" + dir + "' is not writable (" + std::strerror(errno) + ")");
+    return;
+  }
+  fs::path ancestor = fs::absolute(dir, ec).parent_path();
+  while (!ancestor.empty() && !fs::exists(ancestor, ec) && ancestor != ancestor.root_path())
+    ancestor = ancestor.parent_path();
+  if (!fs::is_directory(ancestor, ec)) {
+    throw UserError(key + " '" + dir + "' cannot be created: '" + ancestor.string() + "' is a file, not a directory");
+  }
+  if (::access(ancestor.c_str(), W_OK | X_OK) != 0) {
+    throw UserError(key + " '" + dir + "' cannot be created: '" + ancestor.string() + "' is not writable (" +
+                    std::strerror(errno) + ")");
+  }
 }
 
 std::string format_duration(double seconds) {
@@ -81,22 +109,42 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
   } else if (options_.world_size != 1) {
     throw UserError("world size " + std::to_string(options_.world_size) + " needs a process group");
   }
+  // A stop (SIGINT/SIGTERM) during start-up ends it at the next interruption point with pi0::Interrupted.
+  interruption_point();
   device_ = torch::Device(cfg_.train.device);
   if (device_.is_cuda() && !torch::cuda::is_available()) {
     throw UserError("train.device is '" + cfg_.train.device + "' but no CUDA device is usable (LibTorch built " +
                     "without CUDA, or no GPU); use train.device=cpu");
   }
-  // Fail fast: the run directory, the referenced files and the data are checked before any model is built (a
-  // full-size build costs GBs and, with random init, a minute).
+  // Fail fast: the run directory, the referenced files, the freeze preset and the data are checked before any
+  // model is built (a full-size build costs GBs and, with random init, a minute): every config error arrives in
+  // well under a second.
   resume_dir_ = check_run_dir();
+  check_model_settings();
   data_ = make_data_pipeline(cfg_, local_batch(), options_.rank, options_.world_size);
+  if (resume_dir_) {
+    check_resumable(read_trainer_state(*resume_dir_), *resume_dir_, options_.world_size,
+                    data_.loader->batches_per_epoch());
+  }
+  interruption_point();
   // Same seed on every rank: every replica starts from identical weights.
   torch::manual_seed(static_cast<uint64_t>(cfg_.train.seed));
   build_model();
+  interruption_point();
+}
+
+void Trainer::check_model_settings() const {
+  // The freeze preset and regexes, from the parameter layout (shapes only, nothing allocated).
+  const auto mask = trainable_mask(names_of(model::parameter_layout(model::options_from_config(cfg_.model))),
+                                   cfg_.train.freeze, cfg_.train.trainable_include, cfg_.train.trainable_exclude);
+  if (std::find(mask.begin(), mask.end(), true) == mask.end())
+    throw UserError("train.freeze '" + cfg_.train.freeze + "' leaves nothing to train");
+  model::parse_attention_impl(cfg_.model.attention, "model.attention");
 }
 
 std::optional<std::string> Trainer::check_run_dir() const {
   const auto& ck = cfg_.checkpoint;
+  check_writable_dir(ck.run_dir, "checkpoint.run_dir");
   std::optional<std::string> dir;
   if (options_.resume) {
     if (auto newest = newest_complete_checkpoint(ck.run_dir)) {
@@ -109,9 +157,12 @@ std::optional<std::string> Trainer::check_run_dir() const {
                     std::to_string(steps.back()) + "); pass --resume to continue it, or choose another run_dir");
   }
   if (dir) {
-    for (const char* f : {"model.safetensors", "optimizer.safetensors", "trainer_state.json", "rng.safetensors"}) {
-      if (!fs::exists(fs::path(*dir) / f)) throw UserError((fs::path(*dir) / f).string() + ": missing from the checkpoint");
+    for (const char* f : {"model.safetensors", "optimizer.safetensors", kTrainerStateFile, "rng.safetensors"}) {
+      const auto path = (fs::path(*dir) / f).string();
+      if (!fs::exists(path)) throw UserError(path + ": missing from the checkpoint");
+      if (!std::ifstream(path)) throw UserError(path + ": cannot be read (" + std::strerror(errno) + ")");
     }
+    read_trainer_state(*dir);  // every field checked now, not after the model is built
     if (auto ref = io::read_base_ref(*dir)) {
       const auto base = ck.init_weights.empty() ? ref->path : ck.init_weights;
       if (!fs::exists(base)) {
@@ -269,6 +320,7 @@ int64_t Trainer::run() {
     throw UserError("checkpoint.run_dir '" + ck.run_dir + "' already holds checkpoints (newest: step " +
                     std::to_string(steps.back()) + "); pass --resume to continue it, or choose another run_dir");
   }
+  interruption_point();  // nothing has been written yet: a stop requested during start-up ends here
   std::optional<MetricsWriter> metrics;
   if (rank0) {
     remove_stale_temp_checkpoints(ck.run_dir);
@@ -475,18 +527,16 @@ std::string Trainer::save_checkpoint() {
     if (item.key().find(".lora_") != std::string::npos) lora.emplace_back(item.key(), item.value());
   if (!lora.empty()) io::save_safetensors((tmp / "lora.safetensors").string(), lora);
   std::vector<std::pair<std::string, torch::Tensor>> rngs;
-  nlohmann::json loaders = nlohmann::json::array();
+  TrainerState state;
+  state.step = step_;
+  state.world_size = options_.world_size;
+  state.nonfinite_skips = nonfinite_skips_;
   for (size_t r = 0; r < rng_states.size(); ++r) {
     rngs.emplace_back("rank" + std::to_string(r) + ".noise_time", rng_states[r]);
-    loaders.push_back({{"epoch", positions[r][0].item<int64_t>()}, {"batch_index", positions[r][1].item<int64_t>()}});
+    state.rank_loaders.push_back({positions[r][0].item<int64_t>(), positions[r][1].item<int64_t>()});
   }
   io::save_safetensors((tmp / "rng.safetensors").string(), rngs);
-  nlohmann::json state = {{"step", step_},
-                          {"world_size", options_.world_size},
-                          {"nonfinite_skips", nonfinite_skips_},
-                          {"loader", loaders[0]},  // rank 0's, as single-process checkpoints have it
-                          {"rank_loaders", loaders}};
-  write_file_atomic(tmp / "trainer_state.json", state.dump(2) + "\n");
+  write_file_atomic(tmp / kTrainerStateFile, to_json(state).dump(2) + "\n");
   write_file_atomic(tmp / "config.yaml", YAML::Dump(config::to_yaml(cfg_)) + "\n");
   const auto assets = tmp / "assets" / ck.asset_id;
   fs::create_directories(assets);
@@ -506,19 +556,7 @@ std::string Trainer::save_checkpoint() {
 
 void Trainer::restore(const std::string& dir) {
   const fs::path d(dir);
-  std::ifstream sf(d / "trainer_state.json");
-  if (!sf) throw UserError("checkpoint '" + dir + "' has no readable trainer_state.json");
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(sf);
-  } catch (const std::exception& e) {
-    throw UserError("checkpoint '" + dir + "': trainer_state.json is not valid JSON (" + e.what() + ")");
-  }
-  const int64_t saved_world = state.value("world_size", int64_t{1});
-  if (saved_world != options_.world_size) {
-    throw UserError("checkpoint '" + dir + "' was written by " + std::to_string(saved_world) +
-                    " ranks; resume it with the same world size (got " + std::to_string(options_.world_size) + ")");
-  }
+  const TrainerState state = read_trainer_state(dir);  // checked with check_resumable() by the constructor
   const auto t0 = Clock::now();
   const auto base = io::load_checkpoint_weights(*model_, dir, cfg_.checkpoint.init_weights,
                                                 "--set checkpoint.init_weights=NEW_PATH",
@@ -554,13 +592,9 @@ void Trainer::restore(const std::string& dir) {
     std::lock_guard<std::mutex> lock(rng_.mutex());
     rng_.set_state(rng.get_copy("rank" + std::to_string(options_.rank) + ".noise_time"));
   }
-  step_ = state.at("step").get<int64_t>();
-  nonfinite_skips_ = state.value("nonfinite_skips", int64_t{0});
-  data::LoaderPosition pos;
-  const auto& loader = state.contains("rank_loaders") ? state.at("rank_loaders").at(static_cast<size_t>(options_.rank))
-                                                       : state.at("loader");
-  pos.epoch = loader.at("epoch").get<int64_t>();
-  pos.batch_index = loader.at("batch_index").get<int64_t>();
+  step_ = state.step;
+  nonfinite_skips_ = state.nonfinite_skips;
+  const data::LoaderPosition pos = state.rank_loaders.at(static_cast<size_t>(options_.rank));
   data_.loader->seek(pos);
   spdlog::info("resumed from {} at step {} (loader epoch {}, batch {})", dir, step_, pos.epoch, pos.batch_index);
 }

@@ -87,6 +87,8 @@ class Trainer {
   /// The checkpoint to resume from (--resume and one exists); throws if the run dir holds checkpoints without
   /// --resume, or a referenced file is missing. Runs before anything is built.
   std::optional<std::string> check_run_dir() const;
+  /// The freeze preset, trainable regexes and attention setting, checked from shapes before anything is built.
+  void check_model_settings() const;
   void restore(const std::string& checkpoint_dir);
   int64_t local_batch() const;
   void check_and_sync_replicas();

@@ -2,11 +2,14 @@
 // key and value, and round trip of the resolved config.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 
 #include "pi0/common/check.h"
 #include "pi0/config/config.h"
+#include "support/test_support.h"
 
 using namespace pi0::config;
 using Catch::Contains;
@@ -80,8 +83,77 @@ TEST_CASE("out-of-range values name the key and what was expected", "[unit][conf
 
 TEST_CASE("a missing or malformed config file gives a one-line error", "[unit][config]") {
   REQUIRE_THROWS_WITH(load_config("/nonexistent/run.yaml"),
-                      Contains("config file '/nonexistent/run.yaml' cannot be read"));
+                      Contains("config file '/nonexistent/run.yaml' does not exist"));
   REQUIRE_THROWS_AS(load_config("/nonexistent/run.yaml"), pi0::UserError);
+  // A directory opens as a stream on Linux and used to fail while reading, as an internal error.
+  const auto dir = std::filesystem::temp_directory_path().string();
+  REQUIRE_THROWS_AS(load_config(dir), pi0::UserError);
+  REQUIRE_THROWS_WITH(load_config(dir), Contains("config file '" + dir + "' is a directory; expected a YAML file"));
+}
+
+TEST_CASE("an empty config file is an error, not a run with every default", "[unit][config]") {
+  pi0::testing::TempDir dir("pi0config");
+  for (const std::string text : {"", "\n\n", "# nothing here yet\n", "---\n"}) {
+    INFO("file text: '" << text << "'");
+    std::ofstream(dir.str("run.yaml")) << text;
+    REQUIRE_THROWS_AS(load_config(dir.str("run.yaml")), pi0::UserError);
+    REQUIRE_THROWS_WITH(load_config(dir.str("run.yaml"), {"train.batch_size=4"}),
+                        Contains("config file '" + dir.str("run.yaml") + "' is empty") &&
+                            Contains("configs/debug.yaml"));
+  }
+}
+
+TEST_CASE("--set with an empty value is an error, not a reset to the default", "[unit][config]") {
+  for (const std::string value : {"", "~", "null"}) {
+    INFO("value '" << value << "'");
+    REQUIRE_THROWS_WITH(parse("checkpoint: {run_dir: runs/mine}", {"checkpoint.run_dir=" + value}),
+                        Contains("--set checkpoint.run_dir=" + value + ": empty value") &&
+                            Contains("checkpoint.run_dir='' for an empty string"));
+  }
+  REQUIRE_THROWS_WITH(parse("", {"train.lr_peak="}), Contains("--set train.lr_peak=: empty value"));
+  // An empty string is still a value.
+  CHECK(parse("checkpoint: {init_weights: w.safetensors}", {"checkpoint.init_weights=''"}).checkpoint.init_weights ==
+        "");
+}
+
+TEST_CASE("a key with no value in the file is an error naming its line", "[unit][config]") {
+  REQUIRE_THROWS_WITH(parse("train:\n  batch_size: 4\n  lr_peak:\n"),
+                      Contains("run.yaml: train.lr_peak has no value (line 3)") && Contains("remove the key"));
+  REQUIRE_THROWS_WITH(parse("checkpoint:\n  run_dir:\n"), Contains("checkpoint.run_dir has no value (line 2)"));
+  // An empty section is no setting at all, and stays allowed.
+  CHECK(parse("train:\n  batch_size: 4\ndist:\n").train.batch_size == 4);
+}
+
+TEST_CASE("duplicate YAML keys are errors naming both lines", "[unit][config]") {
+  // yaml-cpp keeps both and returns the first: the second train: section used to be ignored.
+  REQUIRE_THROWS_WITH(parse("train:\n  batch_size: 4\nmodel:\n  type: pi05\ntrain:\n  num_steps: 9\n"),
+                      Contains("run.yaml: duplicate key 'train' at lines 1 and 5"));
+  REQUIRE_THROWS_WITH(parse("train:\n  batch_size: 4\n  lr_peak: 1.0e-4\n  batch_size: 8\n"),
+                      Contains("run.yaml: duplicate key 'train.batch_size' at lines 2 and 4"));
+  REQUIRE_THROWS_WITH(parse("model:\n  paligemma_variant: {width: 8, width: 16}\n"),
+                      Contains("duplicate key 'model.paligemma_variant.width' at lines 2 and 2"));
+  REQUIRE_THROWS_WITH(parse("data:\n  dataset:\n    cameras: {base_0_rgb: a, base_0_rgb: b}\n"),
+                      Contains("duplicate key 'data.dataset.cameras.base_0_rgb'"));
+  pi0::testing::TempDir dir("pi0config");
+  std::ofstream(dir.str("dup.yaml")) << "train:\n  batch_size: 4\n\n# later\ntrain:\n  batch_size: 8\n";
+  REQUIRE_THROWS_WITH(load_config(dir.str("dup.yaml")),
+                      Contains(dir.str("dup.yaml") + ": duplicate key 'train' at lines 1 and 5"));
+}
+
+TEST_CASE("non-finite numbers are errors everywhere in the config", "[unit][config]") {
+  REQUIRE_THROWS_WITH(parse("train: {lr_peak: .inf}"), Contains("train.lr_peak must be a finite number (got inf)"));
+  REQUIRE_THROWS_WITH(parse("", {"train.lr_peak=.inf"}), Contains("train.lr_peak must be a finite number"));
+  REQUIRE_THROWS_WITH(parse("train: {lr_end: -.inf}"), Contains("train.lr_end must be a finite number (got -inf)"));
+  REQUIRE_THROWS_WITH(parse("train: {adam_eps: .nan}"), Contains("train.adam_eps must be a finite number (got nan)"));
+  REQUIRE_THROWS_WITH(parse("train: {clip_grad_norm: .Inf}"), Contains("train.clip_grad_norm must be a finite"));
+  REQUIRE_THROWS_WITH(parse("train: {weight_decay: .NaN}"), Contains("train.weight_decay must be a finite"));
+  REQUIRE_THROWS_WITH(parse("model:\n  paligemma_variant: {width: 8, depth: 1, mlp_dim: 8, num_heads: 1, "
+                            "num_kv_heads: 1, head_dim: 8, lora_rank: 2, lora_alpha: .inf}\n"),
+                      Contains("model.paligemma_variant.lora_alpha must be a finite number (got inf)"));
+  // A config built in code goes through the same check.
+  Config c;
+  c.train.ema_decay = std::numeric_limits<double>::quiet_NaN();
+  REQUIRE_THROWS_WITH(validate(c), Contains("train.ema_decay must be a finite number (got nan)"));
 }
 
 TEST_CASE("config reference lists every key with its default", "[unit][config]") {

@@ -1,0 +1,103 @@
+#include "pi0/train/trainer_state.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "pi0/common/check.h"
+
+namespace pi0::train {
+namespace {
+
+std::string state_file(const std::string& checkpoint_dir) {
+  return (std::filesystem::path(checkpoint_dir) / kTrainerStateFile).string();
+}
+
+// `obj[key]` as an integer >= lo; `fallback` when absent and `fallback` is given.
+int64_t read_int(const nlohmann::json& obj, const std::string& key, const std::string& field, int64_t lo,
+                 const std::string& file, std::optional<int64_t> fallback = std::nullopt) {
+  const auto it = obj.find(key);
+  if (it == obj.end()) {
+    if (fallback) return *fallback;
+    throw UserError(file + ": field '" + field + "' is missing (expected an integer >= " + std::to_string(lo) + ")");
+  }
+  if (!it->is_number_integer() || it->get<int64_t>() < lo) {
+    throw UserError(file + ": field '" + field + "' must be an integer >= " + std::to_string(lo) + " (got " +
+                    it->dump() + ")");
+  }
+  return it->get<int64_t>();
+}
+
+data::LoaderPosition read_position(const nlohmann::json& j, const std::string& field, const std::string& file) {
+  if (!j.is_object()) {
+    throw UserError(file + ": field '" + field + "' must be an object {epoch, batch_index} (got " + j.dump() + ")");
+  }
+  data::LoaderPosition p;
+  p.epoch = read_int(j, "epoch", field + ".epoch", 0, file);
+  p.batch_index = read_int(j, "batch_index", field + ".batch_index", 0, file);
+  return p;
+}
+
+}  // namespace
+
+nlohmann::json to_json(const TrainerState& state) {
+  nlohmann::json loaders = nlohmann::json::array();
+  for (const auto& p : state.rank_loaders) loaders.push_back({{"epoch", p.epoch}, {"batch_index", p.batch_index}});
+  return {{"step", state.step},
+          {"world_size", state.world_size},
+          {"nonfinite_skips", state.nonfinite_skips},
+          {"loader", loaders.empty() ? nlohmann::json::object() : loaders[0]},
+          {"rank_loaders", loaders}};
+}
+
+TrainerState read_trainer_state(const std::string& checkpoint_dir) {
+  const auto file = state_file(checkpoint_dir);
+  std::ifstream in(file);
+  if (!in) throw UserError(file + ": cannot be read (" + std::strerror(errno) + ")");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw UserError(file + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!j.is_object()) throw UserError(file + ": expected a JSON object (got " + std::string(j.type_name()) + ")");
+  TrainerState s;
+  s.step = read_int(j, "step", "step", 0, file);
+  s.world_size = read_int(j, "world_size", "world_size", 1, file, 1);
+  s.nonfinite_skips = read_int(j, "nonfinite_skips", "nonfinite_skips", 0, file, 0);
+  if (j.contains("rank_loaders")) {
+    const auto& r = j.at("rank_loaders");
+    if (!r.is_array() || static_cast<int64_t>(r.size()) != s.world_size) {
+      throw UserError(file + ": field 'rank_loaders' must be a list of " + std::to_string(s.world_size) +
+                      " loader positions, one per rank (got " + r.dump() + ")");
+    }
+    for (size_t i = 0; i < r.size(); ++i)
+      s.rank_loaders.push_back(read_position(r[i], "rank_loaders[" + std::to_string(i) + "]", file));
+  } else if (j.contains("loader") && s.world_size == 1) {
+    s.rank_loaders.push_back(read_position(j.at("loader"), "loader", file));
+  } else {
+    throw UserError(file + ": field 'rank_loaders' is missing (expected one loader position per rank)");
+  }
+  return s;
+}
+
+void check_resumable(const TrainerState& state, const std::string& checkpoint_dir, int64_t world_size,
+                     int64_t batches_per_epoch) {
+  const auto file = state_file(checkpoint_dir);
+  if (state.world_size != world_size) {
+    throw UserError("checkpoint '" + checkpoint_dir + "' was written by " + std::to_string(state.world_size) +
+                    " ranks; resume it with the same world size (got " + std::to_string(world_size) + ")");
+  }
+  for (size_t r = 0; r < state.rank_loaders.size(); ++r) {
+    const auto& p = state.rank_loaders[r];
+    if (p.batch_index >= batches_per_epoch) {
+      throw UserError(file + ": field 'rank_loaders[" + std::to_string(r) + "].batch_index' is " +
+                      std::to_string(p.batch_index) + " but an epoch now has " + std::to_string(batches_per_epoch) +
+                      " batches per rank (the dataset or train.batch_size changed since this checkpoint)");
+    }
+  }
+}
+
+}  // namespace pi0::train

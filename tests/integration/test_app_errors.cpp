@@ -1,0 +1,238 @@
+// What users see from the built apps: --help and --version, exit codes (0 done or stopped on request, 2 the
+// user's mistake, 1 a bug), one-line errors naming the flag, key or file, config errors before any model is
+// built, malformed or unreadable checkpoints, and SIGTERM during start-up.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "pi0/config/config.h"
+#include "pi0/train/checkpoint_dir.h"
+#include "pi0/train/trainer.h"
+#include "support/app_process.h"
+#include "support/tiny_run.h"
+
+using namespace pi0;
+using Catch::Contains;
+using pi0::testing::AppResult;
+using pi0::testing::run_app_process;
+using pi0::testing::TinyRun;
+namespace fs = std::filesystem;
+
+namespace {
+
+// What the trainer logs when it starts building the model: absent from every run refused by its checks.
+const char* kBuildingModel = "building the model";
+
+// Exit code 2 and exactly one stderr line "<app>: error: ..." containing `text`; nothing about a stack trace.
+void check_user_error(const AppResult& r, const std::string& app, const std::string& text) {
+  INFO("stdout: " << r.out);
+  INFO("stderr: " << r.err);
+  CHECK(r.code == 2);
+  CHECK(r.err.rfind(app + ": error: ", 0) == 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK_THAT(r.err, Contains(text));
+  CHECK_THAT(r.err + r.out, !Contains("frame #"));
+}
+
+// The tiny run's config as a file (the apps read files).
+std::string write_config(const TinyRun& run, const std::string& name, const std::string& run_dir,
+                         const std::vector<std::string>& extra = {}) {
+  const auto path = run.dir.str(name);
+  std::ofstream(path) << YAML::Dump(config::to_yaml(run.config(run_dir, extra)));
+  return path;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+}  // namespace
+
+TEST_CASE("every app answers --help and --version with exit 0 and refuses unknown flags with exit 2",
+          "[integration][app]") {
+  testing::TempDir dir("pi0app");
+  struct App {
+    std::string name;
+    std::vector<std::string> flags;  // some of its flags, which --help must list
+  };
+  std::vector<App> apps = {
+      {"pi0-train", {"--config", "--set", "--resume", "--print-params", "--json", "--config-reference"}},
+      {"pi0-export", {"--checkpoint", "--out", "--weights", "--dtype", "--base-weights"}},
+      {"pi0-infer", {"--bundle", "--obs", "--out", "--prompt", "--noise", "--num-steps", "--device", "--loss",
+                     "--cuda-graph", "--dtype"}},
+      {"pi0-norm-stats", {"--config", "--set", "--format", "--data", "--out", "--action-horizon", "--state-keys",
+                          "--action-key", "--delta-mask", "--bins", "--adapt-to-pi"}},
+      {"pi0-plot", {"--metrics", "--out", "--width", "--height", "--keys"}},
+      {"pi0-make-example-data", {"--out", "--episodes", "--steps", "--seed", "--image-size", "--format",
+                                 "--observation-out", "--frame"}},
+  };
+  if (fs::exists(std::string(PI0_BINARY_DIR) + "/pi0-serve")) {
+    apps.push_back({"pi0-serve", {"--bundle", "--host", "--port", "--device", "--robot", "--num-steps", "--dtype",
+                                  "--api-key", "--max-clients", "--max-batch", "--io-threads", "--default-prompt",
+                                  "--noise"}});
+  } else {
+    WARN("pi0-serve is not built (no Boost/msgpack): its --help is not checked");
+  }
+  for (const auto& app : apps) {
+    INFO(app.name);
+    const auto help = run_app_process(app.name, "--help", dir);
+    CHECK(help.code == 0);
+    CHECK(help.err.empty());
+    for (const auto& f : app.flags) CHECK_THAT(help.out, Contains(f));
+    CHECK_THAT(help.out, Contains("--version") && Contains("Exit codes: 0"));
+    const auto version = run_app_process(app.name, "--version", dir);
+    CHECK(version.code == 0);
+    CHECK(version.out.rfind(app.name + " 0.", 0) == 0);
+    CHECK_THAT(version.out, Contains("LibTorch "));
+    check_user_error(run_app_process(app.name, "--frobnicate 1", dir), app.name, "unknown argument '--frobnicate'");
+  }
+  check_user_error(run_app_process("pi0-plot", "--metrics m.jsonl --out x.png --width 10", dir), "pi0-plot",
+                   "--width: got '10', expected an integer in [200, 10000]");
+  check_user_error(run_app_process("pi0-make-example-data", "--out " + dir.str("d") + " --episodes two", dir),
+                   "pi0-make-example-data", "--episodes: got 'two', expected an integer >= 1");
+  check_user_error(run_app_process("pi0-norm-stats", "--data x.hdf5 --out n.json --delta-mask 6,x", dir),
+                   "pi0-norm-stats", "--delta-mask: got '6,x', expected non-zero integers");
+  check_user_error(run_app_process("pi0-train", "--json --config x.yaml", dir), "pi0-train", "--print-params");
+}
+
+TEST_CASE("pi0-train: config mistakes are one-line errors with exit 2, before any model is built",
+          "[integration][app]") {
+  TinyRun run;
+  const auto good = write_config(run, "good.yaml", "run");
+  std::ofstream(run.dir.str("empty.yaml")) << "# to be filled in\n";
+  std::ofstream(run.dir.str("dup.yaml")) << slurp(good) << "\ntrain:\n  num_steps: 5\n";
+  std::ofstream(run.dir.str("a_file")) << "x";
+  struct Case {
+    std::string args, expected;
+  };
+  const std::vector<Case> cases = {
+      // 5: an empty config used to run as "all defaults": the full-size model, then an allocation failure.
+      {"--config " + run.dir.str("empty.yaml"), "config file '" + run.dir.str("empty.yaml") + "' is empty"},
+      {"--config " + good + " --set 'data.dataset.paths=[" + run.dir.str("nowhere") + "/*.hdf5]'", "nowhere"},
+      {"--config " + good + " --set data.norm_stats=" + run.dir.str("nope.json"), "data.norm_stats"},
+      // 6: an empty --set value used to reset the key to its default (a run written into runs/default).
+      {"--config " + good + " --set checkpoint.run_dir=", "--set checkpoint.run_dir=: empty value"},
+      {"--config " + good + " --set=train.lr_peak=", "--set train.lr_peak=: empty value"},
+      // 7: a second train: section used to be ignored.
+      {"--config " + run.dir.str("dup.yaml"), "duplicate key 'train' at lines"},
+      // 8: .inf passed every range check.
+      {"--config " + good + " --set train.lr_peak=.inf", "train.lr_peak must be a finite number (got inf)"},
+      // 9: user mistakes that used to be internal errors (exit 1).
+      {"--config " + run.dir.str(""), "is a directory; expected a YAML file"},
+      {"--config " + good + " --set checkpoint.run_dir=" + run.dir.str("a_file"),
+       "checkpoint.run_dir '" + run.dir.str("a_file") + "' is a file; expected a directory"},
+      {"--config " + good + " --set checkpoint.run_dir=" + run.dir.str("a_file") + "/sub/run",
+       "cannot be created: '" + run.dir.str("a_file") + "' is a file"},
+      {"--config " + good + " --set train.freeze=ful", "full"},
+      {"--config", "--config"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.args);
+    const auto r = run_app_process("pi0-train", c.args, run.dir);
+    check_user_error(r, "pi0-train", c.expected);
+    CHECK_THAT(r.out + r.err, !Contains(kBuildingModel));
+  }
+  CHECK(!fs::exists(run.dir.str("run")));  // refused runs leave nothing behind
+}
+
+TEST_CASE("pi0-train --resume: malformed or unreadable checkpoints are one-line errors naming the file",
+          "[integration][app]") {
+  TinyRun run;
+  {
+    train::Trainer t(run.config("run", {"train.num_steps=2"}));
+    t.run();
+  }
+  const auto ckpt = train::newest_complete_checkpoint(run.dir.str("run"));
+  REQUIRE(ckpt);
+  const std::string state_file = ckpt->second + "/trainer_state.json";
+  const std::string original = slurp(state_file);
+  const auto cfg = write_config(run, "resume.yaml", "run", {"train.num_steps=3"});
+  struct Case {
+    std::string from, to, expected;
+  };
+  // 9: a negative batch_index used to print a C++ stack trace (exit 1); other fields failed without the file name.
+  const std::vector<Case> cases = {
+      {"\"batch_index\": 2", "\"batch_index\": -3",
+       "field 'rank_loaders[0].batch_index' must be an integer >= 0 (got -3)"},
+      {"\"step\": 2", "\"step\": \"two\"", "field 'step' must be an integer >= 0 (got \"two\")"},
+      {"\"epoch\": 0", "\"epoch\": 1.5", "field 'rank_loaders[0].epoch' must be an integer >= 0 (got 1.5)"},
+      {"\"world_size\": 1", "\"world_size\": 0", "field 'world_size' must be an integer >= 1 (got 0)"},
+      {"\"batch_index\": 2", "\"batch_index\": 100000",
+       "'rank_loaders[0].batch_index' is 100000 but an epoch now has"},
+      {"\"step\": 2", "\"stop\": 2", "field 'step' is missing"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.to);
+    std::string text = original;
+    size_t at = 0;
+    while ((at = text.find(c.from, at)) != std::string::npos) text.replace(at, c.from.size(), c.to), at += c.to.size();
+    REQUIRE(text != original);
+    std::ofstream(state_file) << text;
+    const auto r = run_app_process("pi0-train", "--config " + cfg + " --resume", run.dir);
+    check_user_error(r, "pi0-train", state_file + ": ");
+    CHECK_THAT(r.err, Contains(c.expected));
+    CHECK_THAT(r.out, !Contains(kBuildingModel));
+  }
+  std::ofstream(state_file) << original;
+
+  // Permission denied on a checkpoint file: exit 2 naming it (it was an internal error).
+  const auto prefix = testing::permission_checked_prefix();
+  if (!prefix) {
+    WARN("skipped the permission-denied case: running as root and setpriv cannot drop CAP_DAC_OVERRIDE here");
+    return;
+  }
+  const std::string model_file = ckpt->second + "/model.safetensors";
+  REQUIRE(::chmod(model_file.c_str(), 0) == 0);
+  const auto r = run_app_process("pi0-train", "--config " + cfg + " --resume", run.dir, *prefix);
+  ::chmod(model_file.c_str(), 0644);
+  check_user_error(r, "pi0-train", model_file + ": cannot be read (Permission denied)");
+  CHECK_THAT(r.out, !Contains(kBuildingModel));
+}
+
+TEST_CASE("SIGTERM during pi0-train start-up exits 0: stopped before the first step, nothing to save",
+          "[integration][app]") {
+  TinyRun run;
+  // The norm stats come through a FIFO: the trainer blocks reading it during start-up (after the signal handlers
+  // are installed, before the model is built), which pins the signal to start-up without any timing guess.
+  const auto fifo = run.dir.str("norm_stats_fifo.json");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const auto cfg = write_config(run, "run.yaml", "run", {"data.norm_stats=" + fifo});
+  const std::string exe = std::string(PI0_BINARY_DIR) + "/pi0-train";
+  const auto out = run.dir.str("out.txt"), err = run.dir.str("err.txt");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(o, 1);
+    dup2(e, 2);
+    execl(exe.c_str(), exe.c_str(), "--config", cfg.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Opening the FIFO for writing returns once the trainer opened it for reading: it is inside start-up.
+  const int w = open(fifo.c_str(), O_WRONLY);
+  REQUIRE(w >= 0);
+  REQUIRE(kill(pid, SIGTERM) == 0);
+  const std::string stats = slurp(run.norm_stats);
+  REQUIRE(write(w, stats.data(), stats.size()) == static_cast<ssize_t>(stats.size()));
+  close(w);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  const auto err_text = slurp(err), out_text = slurp(out);
+  INFO("stdout: " << out_text);
+  INFO("stderr: " << err_text);
+  REQUIRE(WIFEXITED(status));  // it used to die of the signal: status 143 from a shell, no message
+  CHECK(WEXITSTATUS(status) == 0);
+  // The message is a line of its own (after the signal handler's notice).
+  CHECK_THAT("\n" + err_text, Contains("\nstopped before the first step; nothing to save\n"));
+  CHECK_THAT(out_text, !Contains(kBuildingModel));
+  CHECK(!train::newest_complete_checkpoint(run.dir.str("run")));
+}

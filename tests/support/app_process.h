@@ -1,0 +1,52 @@
+// Running a built app (build/<app>) as a separate process: exit code, stdout and stderr, for the tests of what
+// users see (exit codes, one-line errors, --help).
+#pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <string>
+
+#include "support/test_support.h"
+
+namespace pi0::testing {
+
+struct AppResult {
+  int code = -1;           ///< exit status; -1 when killed by a signal
+  int signal = 0;          ///< the signal that killed it, or 0
+  std::string out, err;    ///< stdout, stderr
+};
+
+/// Runs `<build>/<app> <args>` through the shell (quote `args` for it); `prefix` goes before the executable.
+inline AppResult run_app_process(const std::string& app, const std::string& args, const TempDir& dir,
+                                 const std::string& prefix = "") {
+  const std::string out = dir.str("app_stdout.txt"), err = dir.str("app_stderr.txt");
+  const std::string cmd =
+      prefix + std::string(PI0_BINARY_DIR) + "/" + app + " " + args + " > " + out + " 2> " + err + " < /dev/null";
+  const int status = std::system(cmd.c_str());
+  AppResult r;
+  if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+/// A command prefix under which file modes are enforced: "" for a normal user; as root (which bypasses them),
+/// setpriv without the capabilities that override them. nullopt when neither is possible (the caller skips
+/// visibly).
+inline std::optional<std::string> permission_checked_prefix() {
+  if (::geteuid() != 0) return std::string();
+  const std::string setpriv = "setpriv --bounding-set=-dac_override,-dac_read_search ";
+  if (std::system((setpriv + "true > /dev/null 2>&1").c_str()) == 0) return setpriv;
+  return std::nullopt;
+}
+
+}  // namespace pi0::testing
