@@ -103,7 +103,7 @@ TEST_CASE("an empty config file is an error, not a run with every default", "[un
   }
 }
 
-TEST_CASE("--set with an empty value is an error, not a reset to the default", "[unit][config]") {
+TEST_CASE("an empty --set value is an error, not a reset to the default", "[unit][config]") {
   for (const std::string value : {"", "~", "null"}) {
     INFO("value '" << value << "'");
     REQUIRE_THROWS_WITH(parse("checkpoint: {run_dir: runs/mine}", {"checkpoint.run_dir=" + value}),
