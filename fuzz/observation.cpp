@@ -38,6 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto in = pi0::data::read_observation(tensors, kFormat, path, std::nullopt, nullptr);
     const auto& o = in.observation;
     if (o.images.size() != 3 || o.state.size(1) != 8 || o.tokenized_prompt.size(0) != o.batch_size()) std::abort();
+    if (!torch::isfinite(o.state).all().item<bool>()) std::abort();  // the model must never see NaN or Inf
     for (const auto& img : o.images)
       if (img.size(2) != 16 || img.size(3) != 16 || !torch::isfinite(img).all().item<bool>()) std::abort();
   });

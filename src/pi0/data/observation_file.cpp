@@ -122,6 +122,8 @@ InferenceInputs read_observation(const std::map<std::string, torch::Tensor>& ten
           : normalize(in.raw_state, norm_stats.at("state"), mode, stats_src + ": key norm_stats.state");
   auto& obs = in.observation;
   obs.state = pad_last_dim(norm_state, t.action_dim).to(torch::kFloat32).contiguous();
+  // Finite input can still end up infinite: float64 beyond float32's range, or stats with a near-zero scale.
+  check_finite(obs.state, source + ": 'state' normalized with " + stats_src + " (a value beyond float32's range?)");
 
   bool any_image = false;
   for (size_t slot = 0; slot < model::kCameraNames.size(); ++slot) {

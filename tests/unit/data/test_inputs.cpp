@@ -82,6 +82,11 @@ TEST_CASE("observation reader: NaN and infinite state or float image name the ke
   auto nan_image = good_obs();
   nan_image["image/base_0_rgb"][0][4][4][1] = NAN;  // min() and max() of this image are NaN: passed the range check
   CHECK_THAT(read_error(nan_image), Contains("'image/base_0_rgb' holds NaN at [0, 4, 4, 1]"));
+  auto huge_state = good_obs();  // finite in float64, infinite in the model's float32
+  huge_state["state"] = huge_state["state"].to(torch::kFloat64);
+  huge_state["state"][0][1] = 1e300;
+  CHECK_THAT(read_error(huge_state), Contains("obs.safetensors: 'state' normalized with norm stats (a value beyond "
+                                              "float32's range?) holds +Inf at [0, 1]"));
   auto nan_noise = good_obs();
   nan_noise["noise"] = torch::zeros({2, 3});
   nan_noise["noise"][1][1] = NAN;
