@@ -47,6 +47,7 @@ torch::Tensor float_of_shape(const std::map<std::string, torch::Tensor>& tensors
     throw pi0::UserError(source + ": '" + key + "' has shape " + shape_str(t.sizes()) + " and dtype " +
                          std::string(c10::toString(t.scalar_type())) + ", expected float " + legend + " = " +
                          shape_str(shape));
+  pi0::data::check_finite(t, source + ": '" + key + "'");
   return t.to(torch::kFloat32);
 }
 

@@ -28,4 +28,47 @@ std::string did_you_mean(const std::string& value, const std::vector<std::string
   return best_d <= limit ? best : "";
 }
 
+namespace {
+
+// Length of the well-formed UTF-8 sequence (2 to 4 bytes, no overlong forms or surrogates) starting at text[i], else 0.
+size_t utf8_length(std::string_view text, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = b(i);
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xbf;  // allowed range of the second byte
+  if (c >= 0xc2 && c <= 0xdf) n = 2;
+  else if (c >= 0xe0 && c <= 0xef) n = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+  else if (c >= 0xf0 && c <= 0xf4) n = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+  if (n == 0 || i + n > text.size() || b(i + 1) < lo || b(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if (b(i + k) < 0x80 || b(i + k) > 0xbf) return 0;
+  return n;
+}
+
+}  // namespace
+
+std::string printable(std::string_view text) {
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\\') out += "\\\\";
+    else if (c == '\n') out += "\\n";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\r') out += "\\r";
+    else if (c >= 0x20 && c < 0x7f) out += text[i];
+    else if (const size_t n = c >= 0x80 ? utf8_length(text, i) : 0) out.append(text.substr(i, n)), i += n - 1;
+    else out += {'\\', 'x', kHex[c >> 4], kHex[c & 15]};
+  }
+  return out;
+}
+
+std::string quote_value(std::string_view value, size_t max_chars) {
+  if (value.size() <= max_chars) return "'" + printable(value) + "'";
+  size_t cut = max_chars;  // not inside a UTF-8 sequence (continuation bytes are 10xxxxxx)
+  while (cut > 0 && (static_cast<unsigned char>(value[cut]) & 0xc0) == 0x80) --cut;
+  return "'" + printable(value.substr(0, cut)) + "...' (" + std::to_string(value.size()) + " bytes)";
+}
+
 }  // namespace pi0

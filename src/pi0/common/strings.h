@@ -1,6 +1,7 @@
 // Small string helpers shared by every user-facing validation (config keys, presets, precision modes).
 #pragma once
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace pi0 {
@@ -11,5 +12,14 @@ size_t edit_distance(const std::string& a, const std::string& b);
 /// The candidate closest to `value` if it is a plausible typo of it (at most a third of the longer string
 /// changed, at least 2 edits allowed), else "".
 std::string did_you_mean(const std::string& value, const std::vector<std::string>& candidates);
+
+/// `text` with control characters and bytes that are not well-formed UTF-8 written as escapes (\n, \t, \r, \\,
+/// else \xNN), so a value read from a file (a key, a prompt, a header) cannot put raw bytes or line breaks into a
+/// one-line message. Printable ASCII and well-formed UTF-8 (a prompt in French) pass unchanged.
+std::string printable(std::string_view text);
+
+/// `value` for quoting in a message: printable() of at most `max_chars` of it, in single quotes; a longer value
+/// is cut and says how long it was, e.g. 'pick up the ...' (1048576 bytes). Keeps a 1 MB prompt out of a log line.
+std::string quote_value(std::string_view value, size_t max_chars = 200);
 
 }  // namespace pi0

@@ -26,7 +26,15 @@ std::string scalar_text(const YAML::Node& n) {
 
 [[noreturn]] void type_error(const std::string& source, const std::string& key, const YAML::Node& n,
                              const std::string& expected) {
-  throw UserError(source + ": " + key + " must be " + expected + " (got '" + scalar_text(n) + "')");
+  throw UserError(source + ": " + key + " must be " + expected + " (got " + quote_value(scalar_text(n)) + ")");
+}
+
+// A mapping key as text. YAML allows lists and mappings as keys ("{a: 1}: x"); a config never has them (found by
+// fuzz/config.cpp: as<std::string>() threw YAML::BadConversion, an internal error).
+std::string key_text(const YAML::Node& k, const std::string& source, const std::string& where) {
+  if (k.IsScalar()) return k.Scalar();
+  throw UserError(source + ": line " + std::to_string(k.Mark().line + 1) + ": " + where + " has the key " +
+                  quote_value(scalar_text(k)) + ", expected a name");
 }
 
 // 1-based line of a parsed node, for messages ("?" for nodes built in code).
@@ -88,8 +96,8 @@ void parse(const YAML::Node& n, std::map<std::string, std::string>& out, const s
   if (!n.IsMap()) type_error(src, key, n, "a mapping of names to strings");
   out.clear();
   for (const auto& kv : n) {
-    out[kv.first.as<std::string>()] =
-        scalar_as<std::string>(kv.second, src, key + "." + kv.first.as<std::string>(), "a string");
+    const std::string name = key_text(kv.first, src, key);
+    out[name] = scalar_as<std::string>(kv.second, src, key + "." + name, "a string");
   }
 }
 
@@ -128,9 +136,9 @@ struct Reader {
                       " must be a mapping of keys to values");
     }
     for (const auto& kv : node) {
-      const auto key = kv.first.as<std::string>();
+      const auto key = key_text(kv.first, source, prefix.empty() ? std::string("the file") : prefix.substr(0, prefix.size() - 1));
       if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-      std::string msg = source + ": unknown key '" + prefix + key + "'";
+      std::string msg = source + ": unknown key " + quote_value(prefix + key);
       const auto guess = did_you_mean(key, known);
       if (!guess.empty()) msg += " (did you mean '" + prefix + guess + "'?)";
       throw UserError(msg);

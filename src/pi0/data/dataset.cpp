@@ -12,6 +12,8 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/log_line.h"
+#include "pi0/common/strings.h"
 #include "pi0/data/aloha.h"
 #include "pi0/data/hdf5_file.h"
 #include "pi0/data/jpeg.h"
@@ -106,12 +108,40 @@ std::string prompt_from_file_name(const std::string& path) {
   return out.empty() ? stem : out;
 }
 
+// "demo_12" -> 12; -1 for anything else ("demo_1_old", "demo_", "mask"): robomimic's episode groups only.
 int64_t demo_number(const std::string& name) {
-  try {
-    return std::stoll(name.substr(5));
-  } catch (...) {
-    return -1;
+  const size_t kPrefix = 5;  // "demo_"
+  if (name.rfind("demo_", 0) != 0 || name.size() == kPrefix || name.size() > kPrefix + 15) return -1;
+  int64_t n = 0;
+  for (size_t i = kPrefix; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    n = n * 10 + (name[i] - '0');
   }
+  return n;
+}
+
+// "a, b, c and 4 more": at most `max_items` quoted names.
+std::string name_list(const std::vector<std::string>& names, size_t max_items = 10) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < max_items; ++i) out += (i ? ", " : "") + quote_value(names[i], 60);
+  if (names.size() > max_items) out += " and " + std::to_string(names.size() - max_items) + " more";
+  return out;
+}
+
+// Datasets that look like camera frames (uint8 (T,H,W,3), or (T,L) JPEG rows) directly inside `groups`, as paths.
+std::vector<std::string> image_keys(const H5File& f, const std::vector<std::string>& groups) {
+  std::vector<std::string> out;
+  for (const auto& g : groups) {
+    if (!f.is_group(g.empty() ? "/" : g)) continue;
+    for (const auto& name : f.list(g.empty() ? "/" : g)) {
+      const std::string path = g.empty() ? name : g + "/" + name;
+      if (f.is_group(path)) continue;
+      DatasetInfo di = f.info(path);
+      const bool rgb = di.shape.size() == 4 && di.shape[3] == 3, jpeg_rows = di.shape.size() == 2;
+      if (di.type_class == H5T_INTEGER && di.type_size == 1 && (rgb || jpeg_rows)) out.push_back(path);
+    }
+  }
+  return out;
 }
 
 std::string first_existing(const H5File& f, const std::vector<std::string>& candidates) {
@@ -179,9 +209,11 @@ void RobotDataset::open_file(int64_t file_index) {
       }
       if (file_prompt.empty()) file_prompt = prompt_from_file_name(path);
     }
-    std::vector<std::string> demos;
-    for (auto& n : f.list("data"))
-      if (n.rfind("demo_", 0) == 0 && demo_number(n) >= 0) demos.push_back(n);
+    std::vector<std::string> demos, skipped;
+    for (auto& n : f.list("data")) (demo_number(n) >= 0 ? demos : skipped).push_back(n);
+    if (!skipped.empty())
+      spdlog::warn("{}: skipped {} link(s) under data/ not named demo_N (robomimic's episode groups): {}",
+                   printable(path), skipped.size(), name_list(skipped));
     // HDF5 lists links by name (demo_10 before demo_2); robomimic sorts numerically, and so do we.
     std::sort(demos.begin(), demos.end(), [](const auto& a, const auto& b) { return demo_number(a) < demo_number(b); });
     if (demos.empty()) throw UserError(path + ": key data holds no demo_N group");
@@ -261,9 +293,9 @@ void RobotDataset::add_episode(int64_t file_index, const std::string& group, con
       else cands = {"observations/images/" + key, key};
       path = first_existing(f, cands);
       if (path.empty()) {
-        if (episodes_.empty())
-          spdlog::warn("{}: camera key {} for slot {} not found; that slot gets zero images with mask false",
-                       f.path(), cands.front(), slot);
+        warn_once("dataset: camera key " + key + " not found",
+                  f.path() + ": camera key " + cands.front() + " for slot " + slot +
+                      " not found; that slot gets zero images with mask false");
       } else {
         DatasetInfo di = f.info(path);
         if (di.type_class != H5T_INTEGER || di.type_size != 1)
@@ -286,6 +318,16 @@ void RobotDataset::add_episode(int64_t file_index, const std::string& group, con
     }
     ep.camera_paths.push_back(path);
     ep.camera_jpeg.push_back(jpeg);
+  }
+  if (std::all_of(ep.camera_paths.begin(), ep.camera_paths.end(), [](const auto& p) { return p.empty(); })) {
+    // Every slot would be a zero image with mask false: the model would train blind, never what was meant.
+    std::string configured;
+    for (const auto& [slot, key] : options_.cameras) configured += (configured.empty() ? "" : ", ") + slot + ": " + key;
+    const auto found = libero ? image_keys(f, {root + "obs", group}) : image_keys(f, {"observations/images", ""});
+    throw UserError(f.path() + ": none of the cameras in dataset.cameras {" + printable(configured) + "} exists in " +
+                    (group.empty() ? std::string("the file") : group) + "; its image keys are " +
+                    (found.empty() ? std::string("(none)") : name_list(found, 20)) +
+                    "; expected dataset.cameras to map slots to some of them");
   }
 
   ep.first_index = size_;

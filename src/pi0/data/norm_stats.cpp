@@ -34,15 +34,17 @@ NormStats load_norm_stats(const std::string& path) {
     throw UserError(path + ": key norm_stats not found, expected {\"norm_stats\": {\"state\": {...}, \"actions\": {...}}}");
   NormStats out;
   out.source = path;
-  for (auto& [key, v] : j["norm_stats"].items()) {
+  for (auto& item : j["norm_stats"].items()) {
+    const std::string key = item.key();  // not a structured binding: C++17 lambdas cannot capture those (clang)
+    const auto& v = item.value();
     KeyStats ks;
     auto field = [&](const char* name, std::vector<double>& dst, bool required) {
-      if (!v.contains(name) || v[name].is_null()) {
+      if (!v.contains(name) || v.at(name).is_null()) {
         if (required) throw UserError(path + ": key norm_stats." + key + "." + name + " not found");
         return;
       }
       try {
-        dst = v[name].get<std::vector<double>>();
+        dst = v.at(name).get<std::vector<double>>();
       } catch (const std::exception&) {
         throw UserError(path + ": key norm_stats." + key + "." + name + " is not a list of numbers");
       }

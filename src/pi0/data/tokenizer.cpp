@@ -8,6 +8,8 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/log_line.h"
+#include "pi0/common/strings.h"
 
 namespace pi0::data {
 
@@ -140,8 +142,11 @@ TokenizedPrompt Tokenizer::tokenize(const std::string& prompt, int64_t max_token
   }
   const int64_t n = static_cast<int64_t>(ids.size());
   if (n > max_token_len) {
-    spdlog::warn("tokenizer: prompt is {} tokens, truncated to max_token_len {} (the end of the prompt is lost; "
-                 "raise max_token_len): '{}'", n, max_token_len, cleaned);
+    // Per sample in training: said once, then counted (a long prompt repeats in every sample of its episode).
+    warn_once("tokenizer: prompt truncated to max_token_len",
+              "tokenizer: prompt is " + std::to_string(n) + " tokens, truncated to max_token_len " +
+                  std::to_string(max_token_len) + " (the end of the prompt is lost; raise max_token_len): " +
+                  quote_value(cleaned));
   }
   TokenizedPrompt out;
   out.tokens = torch::zeros({max_token_len}, torch::kLong);

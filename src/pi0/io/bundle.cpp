@@ -10,6 +10,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/data/aloha.h"
+#include "pi0/data/observation_file.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
@@ -29,12 +30,6 @@ constexpr const char* kEmaFile = "ema.safetensors";
 constexpr const char* kConfigYaml = "config.yaml";
 constexpr const char* kConfigJson = "config.json";
 constexpr const char* kTokenizerFile = "tokenizer.model";
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
 
 void write_text(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -282,148 +277,15 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
   return b;
 }
 
-namespace {
-
-// "image/base_0_rgb" → slot index, or -1.
-int camera_slot(const std::string& camera) {
-  for (size_t i = 0; i < model::kCameraNames.size(); ++i)
-    if (model::kCameraNames[i] == camera) return static_cast<int>(i);
-  return -1;
-}
-
-std::string camera_list() {
-  std::string s;
-  for (const auto& c : model::kCameraNames) s += (s.empty() ? "" : ", ") + c;
-  return s;
-}
-
-// One [H,W,3] image (uint8, or float in [-1,1]) → [3,S,S] float in [-1,1], as the training transform does.
-torch::Tensor prepare_image(const torch::Tensor& hwc, int64_t size) {
-  torch::Tensor u8;
-  if (hwc.scalar_type() == torch::kUInt8) {
-    u8 = hwc.contiguous();
-  } else if (hwc.size(0) == size && hwc.size(1) == size) {
-    return hwc.permute({2, 0, 1}).to(torch::kFloat32).contiguous();
-  } else {
-    // Resizing works on 8-bit images (like openpi's image_tools): quantize, then take the uint8 path.
-    u8 = ((hwc.to(torch::kFloat32).clamp(-1, 1) + 1.0f) * 127.5f).round().to(torch::kUInt8).contiguous();
-  }
-  return data::image_to_float(data::resize_with_pad(u8, size));
-}
-
-}  // namespace
-
 InferenceInputs make_inference_inputs(const Bundle& bundle, const std::map<std::string, torch::Tensor>& tensors,
                                       const std::string& source, const std::optional<std::string>& prompt,
                                       const data::Tokenizer* tokenizer) {
-  const auto& t = bundle.transform;
-  const int64_t S = t.image_size;
-  const auto mode = t.norm_mode();
-  auto get = [&](const std::string& key) -> torch::Tensor {
-    auto it = tensors.find(key);
-    return it == tensors.end() ? torch::Tensor() : it->second;
-  };
-
-  // State: [B,S] raw robot state.
-  torch::Tensor state = get("state");
-  if (!state.defined()) throw UserError(source + ": missing tensor 'state', expected the raw robot state [B,S]");
-  if (state.dim() != 2 || !state.is_floating_point())
-    throw UserError(source + ": 'state' has shape " + shape_str(state.sizes()) + " and dtype " +
-                    std::string(c10::toString(state.scalar_type())) + ", expected a float [B,S] tensor");
-  const int64_t B = state.size(0);
-  if (B < 1) throw UserError(source + ": 'state' has batch size 0, expected >= 1");
-  if (state.size(1) > t.action_dim)
-    throw UserError(source + ": 'state' has " + std::to_string(state.size(1)) + " dims, expected <= the model's action_dim " +
-                    std::to_string(t.action_dim));
-  InferenceInputs in;
-  in.raw_state = state.to(torch::kFloat32).contiguous();
-  if (bundle.config.data.dataset.adapt_to_pi_enabled())
-    in.raw_state = data::aloha_state_to_pi(in.raw_state, source + ": 'state' (the bundle was trained with adapt_to_pi)");
-  const std::string stats_src = bundle.norm_stats.source.empty() ? "norm stats" : bundle.norm_stats.source;
-  torch::Tensor norm_state =
-      mode == data::NormMode::kNone
-          ? in.raw_state
-          : data::normalize(in.raw_state, bundle.norm_stats.at("state"), mode, stats_src + ": key norm_stats.state");
-  auto& obs = in.observation;
-  obs.state = data::pad_last_dim(norm_state, t.action_dim).to(torch::kFloat32).contiguous();
-
-  // Keys this function understands; anything else under image/ or image_mask/ is a typo.
-  for (const auto& [key, value] : tensors) {
-    for (const std::string prefix : {"image/", "image_mask/"}) {
-      if (key.rfind(prefix, 0) == 0 && camera_slot(key.substr(prefix.size())) < 0)
-        throw UserError(source + ": unknown camera in '" + key + "', expected one of " + camera_list());
-    }
-  }
-  bool any_image = false;
-  for (size_t slot = 0; slot < model::kCameraNames.size(); ++slot) {
-    const std::string cam = model::kCameraNames[slot];
-    torch::Tensor img = get("image/" + cam), mask = get("image_mask/" + cam);
-    if (!img.defined()) {
-      if (mask.defined()) throw UserError(source + ": 'image_mask/" + cam + "' given without 'image/" + cam + "'");
-      obs.images.push_back(torch::full({B, 3, S, S}, -1.0f));
-      obs.image_masks.push_back(torch::zeros({B}, torch::kBool));
-      continue;
-    }
-    any_image = true;
-    if (img.dim() != 4 || img.size(0) != B || img.size(3) != 3 || img.size(1) < 1 || img.size(2) < 1)
-      throw UserError(source + ": 'image/" + cam + "' has shape " + shape_str(img.sizes()) + ", expected [B,H,W,3] with B = " +
-                      std::to_string(B) + " (channels last, RGB)");
-    if (img.scalar_type() != torch::kUInt8 && !img.is_floating_point())
-      throw UserError(source + ": 'image/" + cam + "' has dtype " + std::string(c10::toString(img.scalar_type())) +
-                      ", expected uint8 or float in [-1,1]");
-    if (img.is_floating_point()) {
-      const double lo = img.min().item<double>(), hi = img.max().item<double>();
-      if (lo < -1.0 - 1e-3 || hi > 1.0 + 1e-3)
-        throw UserError(source + ": 'image/" + cam + "' has values in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                        "], expected float images in [-1,1] (or pass uint8)");
-    }
-    std::vector<torch::Tensor> per;
-    for (int64_t b = 0; b < B; ++b) per.push_back(prepare_image(img[b], S));
-    obs.images.push_back(torch::stack(per));
-    if (mask.defined()) {
-      if (mask.dim() != 1 || mask.size(0) != B)
-        throw UserError(source + ": 'image_mask/" + cam + "' has shape " + shape_str(mask.sizes()) + ", expected [" +
-                        std::to_string(B) + "] bool");
-      obs.image_masks.push_back(mask.to(torch::kBool));
-    } else {
-      obs.image_masks.push_back(torch::ones({B}, torch::kBool));
-    }
-  }
-  if (!any_image) throw UserError(source + ": no 'image/<camera>' tensor, expected at least one of " + camera_list());
-
-  // Prompt: given as text (tokenized here like the training transform) or as tokens.
-  torch::Tensor tokens = get("tokenized_prompt"), token_mask = get("tokenized_prompt_mask");
-  if (prompt) {
-    if (tokens.defined())
-      throw UserError(source + ": holds 'tokenized_prompt' and --prompt was given; expected one of the two");
-    PI0_CHECK(tokenizer != nullptr, "make_inference_inputs: --prompt needs a tokenizer");
-    const bool discrete_state = t.model_type == "pi05" && t.discrete_state_input;
-    std::vector<torch::Tensor> tok, msk;
-    for (int64_t b = 0; b < B; ++b) {
-      auto tp = tokenizer->tokenize(*prompt, t.max_token_len, discrete_state ? norm_state[b] : torch::Tensor());
-      tok.push_back(tp.tokens);
-      msk.push_back(tp.mask);
-    }
-    obs.tokenized_prompt = torch::stack(tok);
-    obs.tokenized_prompt_mask = torch::stack(msk);
-  } else {
-    if (!tokens.defined())
-      throw UserError(source + ": missing 'tokenized_prompt' [B,L] and no --prompt given; expected one of the two");
-    if (tokens.dim() != 2 || tokens.size(0) != B || tokens.is_floating_point() || tokens.scalar_type() == torch::kBool)
-      throw UserError(source + ": 'tokenized_prompt' has shape " + shape_str(tokens.sizes()) + " and dtype " +
-                      std::string(c10::toString(tokens.scalar_type())) + ", expected integer [" + std::to_string(B) + ",L]");
-    if (!token_mask.defined() || token_mask.sizes() != tokens.sizes())
-      throw UserError(source + ": 'tokenized_prompt_mask' is " +
-                      (token_mask.defined() ? "of shape " + shape_str(token_mask.sizes()) : std::string("missing")) +
-                      ", expected bool of the tokens' shape " + shape_str(tokens.sizes()));
-    const int64_t vocab = bundle.config.model.vocab_size;
-    if (tokens.numel() > 0 && (tokens.min().item<int64_t>() < 0 || tokens.max().item<int64_t>() >= vocab))
-      throw UserError(source + ": 'tokenized_prompt' holds ids outside [0, " + std::to_string(vocab) +
-                      "), expected ids of the bundle's tokenizer");
-    obs.tokenized_prompt = tokens.to(torch::kLong).contiguous();
-    obs.tokenized_prompt_mask = token_mask.to(torch::kBool).contiguous();
-  }
-  return in;
+  data::ObservationFormat format;
+  format.transform = bundle.transform;
+  format.norm_stats = &bundle.norm_stats;
+  format.adapt_to_pi = bundle.config.data.dataset.adapt_to_pi_enabled();
+  format.vocab_size = bundle.config.model.vocab_size;
+  return data::read_observation(tensors, format, source, prompt, tokenizer);
 }
 
 torch::Tensor robot_actions(const Bundle& bundle, const torch::Tensor& actions_BHA, const torch::Tensor& raw_state_BS) {

@@ -17,6 +17,7 @@
 
 #include "pi0/config/config.h"
 #include "pi0/data/norm_stats.h"
+#include "pi0/data/observation_file.h"
 #include "pi0/data/transforms.h"
 #include "pi0/model/pi0.h"
 
@@ -66,17 +67,10 @@ struct Bundle {
 Bundle load_bundle(const std::string& dir, const torch::Device& device = torch::kCPU,
                    std::optional<torch::ScalarType> compute_dtype = std::nullopt);
 
-/// Model inputs built from an observation file's tensors, plus the raw state kept for unnormalizing.
-struct InferenceInputs {
-  model::Observation observation;  ///< on CPU
-  torch::Tensor raw_state;         ///< [B,S] float32, as given (in pi0's convention when the bundle uses adapt_to_pi)
-};
+using data::InferenceInputs;
 
-/// Builds the model's observation from `tensors` (keys `image/<camera>`, `image_mask/<camera>`, `state`,
-/// `tokenized_prompt`, `tokenized_prompt_mask`; other keys are ignored here): images resized with padding to the
-/// model's size, absent cameras zero and masked out, state normalized with the bundle's stats (and shown to the
-/// tokenizer in pi0.5's discrete-state format) then zero-padded to action_dim. `prompt`, when given, is tokenized
-/// with `tokenizer` instead of reading tokenized_prompt. `source` (the file path) starts every error message.
+/// data::read_observation with the bundle's transform, norm stats, adapt_to_pi and vocabulary (pi0-infer's and
+/// pi0-serve's input path; see there). `source` (the file path) starts every error message.
 InferenceInputs make_inference_inputs(const Bundle& bundle, const std::map<std::string, torch::Tensor>& tensors,
                                       const std::string& source, const std::optional<std::string>& prompt,
                                       const data::Tokenizer* tokenizer);

@@ -72,6 +72,7 @@ std::string errno_text(int err) { return std::string(std::strerror(err)); }
 struct FdGuard {
   int fd = -1;
   ~FdGuard() {
+    if (fd >= 0) ::close(fd);  // found by fuzz/safetensors.cpp: every file read leaked its descriptor
   }
 };
 

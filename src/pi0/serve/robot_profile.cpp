@@ -1,8 +1,11 @@
 #include "pi0/serve/robot_profile.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "pi0/common/check.h"
+#include "pi0/common/strings.h"
+#include "pi0/data/observation_file.h"
 
 namespace pi0::serve {
 namespace {
@@ -37,7 +40,7 @@ torch::Tensor state_vector(const Fields& fields, const std::string& key, int64_t
     throw UserError("'" + key + "' has dtype " + dtype_str(t) + ", expected " + expected + " (float32 or float64)");
   if (t.dim() != 1 || (dims > 0 && t.size(0) != dims))
     throw UserError("'" + key + "' has shape " + shape_str(t.sizes()) + ", expected " + expected);
-  if (!torch::isfinite(t).all().item<bool>()) throw UserError("'" + key + "' holds NaN or infinity, expected finite values");
+  data::check_finite(t, "'" + key + "'");
   return t.to(torch::kFloat32).unsqueeze(0);
 }
 
@@ -50,6 +53,7 @@ torch::Tensor robot_image(const Fields& fields, const std::string& key, bool chw
   if (t.scalar_type() != torch::kUInt8 && !t.is_floating_point())
     throw UserError("'" + key + "' has dtype " + dtype_str(t) + ", expected " + expected);
   if (t.is_floating_point()) {
+    data::check_finite(t, "'" + key + "'");
     if (t.numel() > 0) {
       const double lo = t.min().item<double>(), hi = t.max().item<double>();
       if (!(lo >= 0.0 && hi <= 1.0))
@@ -131,8 +135,7 @@ ModelRequest raw(const Fields& fields, const std::optional<std::string>& default
                        key.rfind("image/", 0) == 0 || key.rfind("image_mask/", 0) == 0;
     if (!known) continue;  // extra keys are ignored, as openpi's transforms do
     if (!f.tensor.defined()) throw UserError("'" + key + "' is a str, expected an array");
-    if (f.tensor.numel() > 0 && f.tensor.is_floating_point() && !torch::isfinite(f.tensor).all().item<bool>())
-      throw UserError("'" + key + "' holds NaN or infinity, expected finite values");
+    data::check_finite(f.tensor, "'" + key + "'");
     const bool is_image = key.rfind("image/", 0) == 0;
     if (is_image) {
       const int64_t hw = r.batched ? 1 : 0;
@@ -146,6 +149,36 @@ ModelRequest raw(const Fields& fields, const std::optional<std::string>& default
   r.prompt = find(fields, "tokenized_prompt") ? prompt_of(fields, std::nullopt, false)
                                               : prompt_of(fields, default_prompt, true);
   return r;
+}
+
+// Keys a profile does not use are ignored (openpi's clients send extras), but one within a typo of a key it does use
+// is an error: a misspelled optional key ('image_mazk/base_0_rgb', 'images/cam_left_wirst') would silently drop it.
+void check_near_misses(Robot robot, const Fields& fields) {
+  std::vector<std::string> used = {"prompt"};
+  switch (robot) {
+    case Robot::kLibero:
+      used.insert(used.end(), {"observation/state", "observation/image", "observation/wrist_image"});
+      break;
+    case Robot::kAloha:
+      used.insert(used.end(), {"state", "images/cam_high", "images/cam_low", "images/cam_left_wrist", "images/cam_right_wrist"});
+      break;
+    case Robot::kDroid:
+      used.insert(used.end(), {"observation/joint_position", "observation/gripper_position",
+                               "observation/exterior_image_1_left", "observation/wrist_image_left"});
+      break;
+    case Robot::kRaw:
+      used = data::observation_keys();
+      used.push_back("prompt");
+      break;
+  }
+  for (const auto& [key, f] : fields) {
+    if (std::find(used.begin(), used.end(), key) != used.end()) continue;
+    if (robot == Robot::kAloha && key.rfind("images/", 0) == 0) continue;  // aloha() names the unknown camera
+    const std::string guess = did_you_mean(key, used);
+    if (!guess.empty())
+      throw UserError("unknown key " + quote_value(key, 80) + " (did you mean '" + guess + "'?) for --robot " +
+                      robot_name(robot) + ", expected its keys (docs/serving.md, Robot profiles)");
+  }
 }
 
 }  // namespace
@@ -189,6 +222,7 @@ int64_t robot_state_dims(Robot robot) {
 }
 
 ModelRequest to_model_request(Robot robot, const Fields& fields, const std::optional<std::string>& default_prompt) {
+  check_near_misses(robot, fields);
   switch (robot) {
     case Robot::kLibero: return libero(fields, default_prompt);
     case Robot::kAloha: return aloha(fields, default_prompt);

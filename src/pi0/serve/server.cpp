@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/strings.h"
 
 namespace pi0::serve {
 namespace {
@@ -36,12 +37,10 @@ std::string error_text(const std::exception& e) {
 }
 
 // One line, and short: a message can quote the client's keys, which may be of any length.
-std::string one_line(std::string s) {
+// A text frame must be valid UTF-8 and the log line one line: escaped (a key may hold any bytes) and bounded.
+std::string one_line(const std::string& s) {
   constexpr size_t kMax = 2000;
-  if (s.size() > kMax) s = s.substr(0, kMax) + "...";
-  for (char& c : s)
-    if (c == '\n' || c == '\r') c = ' ';
-  return s;
+  return s.size() > kMax ? printable(s.substr(0, kMax)) + "..." : printable(s);
 }
 
 class Session;

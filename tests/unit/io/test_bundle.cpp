@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include <filesystem>
 #include <fstream>
@@ -418,6 +419,36 @@ TEST_CASE("pi0-export + pi0-infer match the in-process model (actions, unnormali
   auto loss = io::SafetensorsFile(dir.str("loss.safetensors")).get_copy("loss");
   REQUIRE(loss.sizes() == expected_loss.sizes());
   CHECK((loss - expected_loss).abs().max().item<double>() < 1e-5);
+}
+
+TEST_CASE("pi0-infer: NaN or infinite inputs and misspelled keys exit 2 naming the key", "[unit][io][inputs]") {
+  testing::TempDir dir("pi0infer_inputs");
+  auto run = fake_run(dir, /*lora=*/false);
+  io::export_bundle(run.checkpoint, dir.str("bundle"), export_options("model"));
+  auto infer = [&](const std::map<std::string, torch::Tensor>& obs) {
+    io::save_safetensors(dir.str("obs.safetensors"), as_vector(obs));
+    return run_app("pi0-infer", "--bundle " + dir.str("bundle") + " --obs " + dir.str("obs.safetensors") + " --out " +
+                       dir.str("o.safetensors") + " --prompt go",
+                   dir);
+  };
+  auto nan_state = raw_obs(1);
+  nan_state["state"][0][3] = NAN;
+  check_user_error(infer(nan_state), "pi0-infer", "'state' holds NaN at [0, 3], expected finite values");
+  auto inf_state = raw_obs(1);
+  inf_state["state"][0][0] = INFINITY;
+  check_user_error(infer(inf_state), "pi0-infer", "'state' holds +Inf at [0, 0]");
+  auto nan_image = raw_obs(1);
+  nan_image["image/base_0_rgb"] = torch::zeros({1, kImageSize, kImageSize, 3});
+  nan_image["image/base_0_rgb"][0][1][2][0] = NAN;
+  check_user_error(infer(nan_image), "pi0-infer", "'image/base_0_rgb' holds NaN at [0, 1, 2, 0]");
+  auto typo = raw_obs(1);
+  typo["image_mazk/base_0_rgb"] = torch::zeros({1}, torch::kBool);
+  check_user_error(infer(typo), "pi0-infer",
+                   "unknown key 'image_mazk/base_0_rgb' (did you mean 'image_mask/base_0_rgb'?)");
+  CHECK(!fs::exists(dir.str("o.safetensors")));
+  auto good = infer(raw_obs(1));
+  INFO(good.err);
+  CHECK(good.code == 0);
 }
 
 TEST_CASE("pi0-export and pi0-infer reject bad inputs with one line and exit code 2", "[unit][io]") {

@@ -186,6 +186,26 @@ TEST_CASE("safetensors metadata round trips", "[unit][safetensors]") {
   REQUIRE(empty.metadata().at("only") == "metadata");
 }
 
+TEST_CASE("safetensors reader and writer close their file descriptors", "[unit][safetensors][inputs]") {
+  // Found by fuzz/safetensors.cpp: the descriptor guard never closed, so a long-running process (a server, the
+  // fuzzer) ran out of descriptors after ~1000 files.
+  TempDir dir;
+  const std::string path = dir.file("fd.safetensors");
+  auto open_fds = [] {
+    return std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator{});
+  };
+  save_safetensors(path, {{"w", torch::ones({2})}});
+  write_bytes(dir.file("bad.safetensors"), std::string("\x10\0\0\0\0\0\0\0{\"a\":1}", 15));
+  const auto before = open_fds();
+  for (int i = 0; i < 50; ++i) {
+    save_safetensors(path, {{"w", torch::ones({2})}});
+    SafetensorsFile file(path);
+    CHECK(file.get_copy("w").sum().item<float>() == 2.0f);
+    CHECK_THROWS_AS(SafetensorsFile(dir.file("bad.safetensors")), UserError);
+  }
+  CHECK(open_fds() == before);
+}
+
 TEST_CASE("safetensors writer pads the header and lays out aligned, gap-free data", "[unit][safetensors]") {
   TempDir dir;
   const std::string path = dir.file("layout.safetensors");

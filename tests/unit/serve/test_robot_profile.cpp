@@ -2,6 +2,8 @@
 // _parse_image does them), and their one-line errors.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "pi0/common/check.h"
 #include "pi0/serve/robot_profile.h"
 
@@ -108,4 +110,35 @@ TEST_CASE("robot profiles: bad observations name the key and what was expected",
   a["images/cam_high"].tensor = torch::zeros({4, 4, 3}, torch::kUInt8);
   check_error(Robot::kAloha, a, "'images/cam_high' has shape [4, 4, 3], expected uint8 [3,H,W]");
   CHECK_THROWS_WITH(serve::parse_robot("franka"), Contains("--robot: got 'franka', expected libero, aloha, droid or raw"));
+}
+
+TEST_CASE("robot profiles: NaN or infinite values and misspelled keys are errors naming the key", "[serve][unit][inputs]") {
+  auto f = libero(torch::full({8, 8, 3}, 0.5f));
+  f["observation/image"].tensor[2][3][0] = NAN;  // min() and max() are NaN
+  check_error(Robot::kLibero, f, "'observation/image' holds NaN at [2, 3, 0], expected finite values");
+  f = libero(torch::zeros({8, 8, 3}, torch::kUInt8));
+  f["observation/state"].tensor[5] = -INFINITY;
+  check_error(Robot::kLibero, f, "'observation/state' holds -Inf at [5], expected finite values");
+  f = libero(torch::zeros({8, 8, 3}, torch::kUInt8));
+  f["observation/wrist_imag"].tensor = torch::zeros({8, 8, 3}, torch::kUInt8);
+  check_error(Robot::kLibero, f, "unknown key 'observation/wrist_imag' (did you mean 'observation/wrist_image'?) for --robot libero");
+  f = libero(torch::zeros({8, 8, 3}, torch::kUInt8));
+  f["episode_id"].tensor = torch::zeros({1});  // unrelated extras are still ignored, as openpi does
+  CHECK_NOTHROW(serve::to_model_request(Robot::kLibero, f, std::nullopt));
+
+  Fields raw;
+  raw["state"].tensor = torch::zeros({4});
+  raw["image/base_0_rgb"].tensor = torch::zeros({8, 8, 3}, torch::kUInt8);
+  raw["image_mazk/base_0_rgb"].tensor = torch::zeros({}, torch::kBool);
+  raw["prompt"].text = "go";
+  check_error(Robot::kRaw, raw, "unknown key 'image_mazk/base_0_rgb' (did you mean 'image_mask/base_0_rgb'?)");
+  raw.erase("image_mazk/base_0_rgb");
+  raw["image/base_0_rgb"].tensor = torch::full({8, 8, 3}, INFINITY);
+  check_error(Robot::kRaw, raw, "'image/base_0_rgb' holds +Inf at [0, 0, 0]");
+  Fields a;
+  a["state"].tensor = torch::zeros({14});
+  a["images/cam_high"].tensor = torch::zeros({3, 4, 4}, torch::kUInt8);
+  a["images_cam_left_wrist"].tensor = torch::zeros({3, 4, 4}, torch::kUInt8);
+  a["prompt"].text = "go";
+  check_error(Robot::kAloha, a, "unknown key 'images_cam_left_wrist' (did you mean 'images/cam_left_wrist'?)");
 }
