@@ -446,6 +446,8 @@ void validate(const Config& c) {
   require(k.save_interval > 0, "checkpoint.save_interval", k.save_interval, "> 0");
   require(k.keep_last >= 1, "checkpoint.keep_last", k.keep_last, ">= 1");
   require(k.keep_period >= 0, "checkpoint.keep_period", k.keep_period, ">= 0 (0 = none)");
+  require(k.resume_policy == "newest_verified" || k.resume_policy == "strict", "checkpoint.resume_policy",
+          "'" + k.resume_policy + "'", "newest_verified or strict");
   require(c.dist.bucket_size_mb > 0, "dist.bucket_size_mb", c.dist.bucket_size_mb, "> 0");
   require(c.dist.timeout_s > 0, "dist.timeout_s", c.dist.timeout_s, "> 0");
 }

@@ -209,6 +209,7 @@ struct CheckpointConfig {
   bool reinit_mismatched_projections = false;
   std::string asset_id = "default";
   bool self_contained = false;
+  std::string resume_policy = "newest_verified";
 
   template <class V>
   void visit(V& v) {
@@ -219,6 +220,7 @@ struct CheckpointConfig {
     v("init_weights", init_weights, "openpi/LeRobot model.safetensors to start from (weights only); empty = random init");
     v("reinit_mismatched_projections", reinit_mismatched_projections, "re-initialize action/state projections whose shape differs from init_weights (different action_dim)");
     v("asset_id", asset_id, "name of the assets/<asset_id>/ folder holding norm_stats.json in exports");
+    v("resume_policy", resume_policy, "which checkpoint --resume continues from: newest_verified (the newest whose manifest.json verifies; newer ones that fail are named in a warning, skipped and left untouched) or strict (the newest complete checkpoint must verify, else the run stops)");
     v("self_contained", self_contained, "true: every checkpoint holds all weights; false: a partial fine-tune from init_weights stores what trains plus a checksummed reference to init_weights");
   }
 };

@@ -12,6 +12,7 @@
 #include "pi0/data/aloha.h"
 #include "pi0/data/observation_file.h"
 #include "pi0/data/tokenizer.h"
+#include "pi0/io/manifest.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/model/model_config.h"
@@ -88,6 +89,24 @@ void install_dir(const fs::path& tmp, const fs::path& out) {
   fs::remove_all(old);
 }
 
+// Verifies a checkpoint or bundle directory against its manifest.json (sizes, steps, checksums) and checks every
+// floating-point tensor is finite; a directory from before manifests is only checked for finiteness, with a warning.
+void verify_directory(const std::string& dir, const std::string& what) {
+  const auto manifest = read_manifest(dir);
+  if (manifest) {
+    const auto name = fs::path(dir).filename().string();
+    const bool numeric = !name.empty() && name.find_first_not_of("0123456789") == std::string::npos;
+    if (manifest->step && numeric && std::to_string(*manifest->step) != name) {
+      throw UserError((fs::path(dir) / kManifestFile).string() + ": is for step " + std::to_string(*manifest->step) +
+                      ", but the checkpoint directory is step " + name);
+    }
+    check_manifest(dir, *manifest);
+  } else {
+    spdlog::warn("{}: no {} (a {} from before manifests): its contents cannot be verified", dir, kManifestFile, what);
+  }
+  verify_contents(dir, manifest);
+}
+
 }  // namespace
 
 ExportReport export_bundle(const std::string& checkpoint_dir, const std::string& out_dir,
@@ -103,6 +122,7 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
   }
   if (options.dtype != torch::kBFloat16 && options.dtype != torch::kFloat32)
     throw UserError("--dtype: expected bf16 or float32");
+  verify_directory(checkpoint_dir, "checkpoint");
   const bool has_ema = fs::exists(ckpt / kEmaFile);
   std::string weights = options.weights;
   if (weights.empty()) {
@@ -205,7 +225,7 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
         while (next_report <= done) next_report += 2ull << 30;
       }
     };
-    save_model_weights(*model, (tmp / kModelFile).string(), so);
+    const auto model_digest = save_model_weights(*model, (tmp / kModelFile).string(), so);
     rep.num_tensors = static_cast<int64_t>(SafetensorsFile((tmp / kModelFile).string()).size());
     const auto& o = model->options();
     nlohmann::json cj = {{"action_dim", o.action_dim},
@@ -225,6 +245,7 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     write_text(tmp / kConfigYaml, YAML::Dump(config::to_yaml(bundle_cfg)) + "\n");
     fs::copy_file(ckpt / "assets" / asset_id / "norm_stats.json", tmp / "assets" / asset_id / "norm_stats.json");
     fs::copy_file(ckpt / kTokenizerFile, tmp / kTokenizerFile);
+    write_manifest(tmp.string(), std::nullopt, {{kModelFile, model_digest}});  // pi0-infer verifies against it
     install_dir(tmp, out);
   } catch (...) {
     std::error_code ec;
@@ -244,6 +265,7 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
   for (const char* f : {kModelFile, kConfigYaml, kTokenizerFile}) {
     if (!fs::exists(d / f)) throw UserError((d / f).string() + ": missing; expected a bundle written by pi0-export");
   }
+  verify_directory(dir, "bundle");
   Bundle b;
   b.dir = dir;
   b.config = config::load_config((d / kConfigYaml).string());
@@ -263,7 +285,28 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
   }
   // Compute at the bundle's precision unless asked otherwise.
   SafetensorsFile weights_file((d / kModelFile).string());
-  const auto stored = weights_file.info(weights_file.names().front()).scalar_type;
+  if (weights_file.names().empty()) throw UserError(weights_file.path() + ": holds no tensors");
+  // A bundle holds every tensor in the one dtype pi0-export wrote (config.json "precision"); anything else means
+  // the file was altered, and converting it would compute with wrong weights.
+  torch::ScalarType stored = weights_file.info(weights_file.names().front()).scalar_type;
+  std::string stored_from = "the first tensor";
+  if (fs::exists(d / kConfigJson)) {
+    std::ifstream cj_in(d / kConfigJson);
+    const auto cj = nlohmann::json::parse(cj_in, nullptr, /*allow_exceptions=*/false);
+    const std::string precision = cj.is_object() ? cj.value("precision", std::string()) : std::string();
+    if (precision == "bfloat16" || precision == "float32") {
+      stored = precision == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
+      stored_from = (d / kConfigJson).string() + " precision " + precision;
+    }
+  }
+  for (const auto& n : weights_file.names()) {
+    const auto& info = weights_file.info(n);
+    if (info.scalar_type != stored) {
+      throw UserError(weights_file.path() + ": tensor '" + n + "' is stored as " + info.dtype + ", expected " +
+                      *dtype_from_scalar_type(stored) + " like every tensor of a bundle (from " + stored_from +
+                      "): the file was altered; export the bundle again");
+    }
+  }
   const auto dtype = compute_dtype.value_or(stored == torch::kBFloat16 ? torch::kBFloat16 : torch::kFloat32);
   if (dtype == torch::kBFloat16) {
     torch::NoGradGuard no_grad;

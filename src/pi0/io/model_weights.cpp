@@ -45,6 +45,7 @@ struct Source {
   std::vector<std::string> names;                 // file names after normalization
   std::map<std::string, std::string> file_name;   // normalized → original name in the file
   std::function<std::vector<int64_t>(const std::string&)> shape;
+  std::function<torch::ScalarType(const std::string&)> dtype;
   std::function<void(const std::string&, const torch::Tensor&)> read_into;
 };
 
@@ -84,6 +85,17 @@ LoadReport load_from(model::Pi0Impl& model, const Source& src, const std::string
       continue;
     }
     interruption_point();  // a stop during a multi-GB load ends it within one tensor
+    const auto dtype = src.dtype(from);
+    const bool float_param = at::isFloatingType(param.scalar_type());
+    if (options.exact_dtypes ? dtype != param.scalar_type() : (float_param && !at::isFloatingType(dtype))) {
+      throw UserError(source + ": tensor '" + from + "' is stored as " + std::string(c10::toString(dtype)) +
+                      ", expected " + (options.exact_dtypes
+                           ? std::string(c10::toString(param.scalar_type())) +
+                                 " (a checkpoint holds exactly the dtypes its trainer wrote: the file was altered, "
+                                 "or train.precision differs from the run that saved it)"
+                           : "a floating-point type for parameter '" + name + "' (integer and bool tensors never "
+                             "fill float parameters)"));
+    }
     src.read_into(from, param);
     report.loaded.push_back(name);
   }
@@ -122,6 +134,7 @@ LoadReport load_model_weights(model::Pi0Impl& model, const std::string& path, co
     src.file_name[norm] = n;
   }
   src.shape = [&](const std::string& n) { return file.info(src.file_name.at(n)).shape; };
+  src.dtype = [&](const std::string& n) { return file.info(src.file_name.at(n)).scalar_type; };
   // Progress lines for multi-GB files (a full-size model takes tens of seconds to read).
   const uint64_t total = file.file_size();
   uint64_t done = 0, next_report = 2ull << 30;
@@ -152,6 +165,7 @@ LoadReport load_named_weights(model::Pi0Impl& model, const std::map<std::string,
   Source src;
   for (const auto& [n, t] : tensors) src.names.push_back(n);
   src.shape = [&](const std::string& n) { return tensors.at(n).sizes().vec(); };
+  src.dtype = [&](const std::string& n) { return tensors.at(n).scalar_type(); };
   src.read_into = [&](const std::string& n, const torch::Tensor& dst) { dst.copy_(tensors.at(n)); };
   return load_from(model, src, source, {}, options);
 }
@@ -168,10 +182,10 @@ std::vector<model::ParamSpec> export_layout(const model::Pi0Options& options) {
   return out;
 }
 
-void save_model_weights(model::Pi0Impl& model, const std::string& path, const SaveOptions& options,
-                        const std::map<std::string, torch::Tensor>* replace) {
+FileDigest save_model_weights(model::Pi0Impl& model, const std::string& path, const SaveOptions& options,
+                              const std::map<std::string, torch::Tensor>* replace) {
   std::vector<LazyTensor> tensors;
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> metadata = options.metadata;
   auto lazy = [&](const std::string& name, const torch::Tensor& t) {
     const auto dtype = options.dtype.value_or(t.scalar_type());
     // The conversion happens when the writer gets to this tensor, and its result is dropped right after.
@@ -202,7 +216,7 @@ void save_model_weights(model::Pi0Impl& model, const std::string& path, const Sa
     tensors.push_back({kExpertLmHeadName, dtype, shape, [shape, dtype] { return torch::zeros(shape, dtype); }});
     metadata["format"] = "pt";
   }
-  save_safetensors_lazy(path, tensors, metadata, options.progress);
+  return save_safetensors_lazy(path, tensors, metadata, options.progress);
 }
 
 namespace {
@@ -258,14 +272,14 @@ BaseWeightsRef make_base_ref(const std::string& path) {
   std::error_code ec;
   ref.size = fs::file_size(path, ec);
   if (ec) throw UserError(path + ": cannot read the base weights (" + ec.message() + ")");
-  ref.checksum = file_checksum(path);
+  ref.checksum = digest_file(path).xxh3;
   return ref;
 }
 
 void write_base_ref(const std::string& checkpoint_dir, const BaseWeightsRef& ref) {
   namespace fs = std::filesystem;
   const nlohmann::json j = {{"path", ref.path}, {"size", ref.size}, {"checksum", ref.checksum},
-                            {"checksum_algorithm", "pi0 xxh64-lanes (file_checksum)"},
+                            {"checksum_algorithm", kChecksumAlgorithm},
                             {"frozen_dtype", ref.frozen_dtype}};
   const auto path = fs::path(checkpoint_dir) / kBaseRefFile;
   const auto tmp = path.string() + ".tmp";
@@ -288,6 +302,8 @@ std::optional<BaseWeightsRef> read_base_ref(const std::string& checkpoint_dir) {
     ref.path = j.at("path").get<std::string>();
     ref.size = j.at("size").get<uint64_t>();
     ref.checksum = j.at("checksum").get<std::string>();
+    // References from before XXH3 hold a checksum of another algorithm, which nothing computes any more.
+    if (j.value("checksum_algorithm", std::string()) != kChecksumAlgorithm) ref.checksum.clear();
     ref.frozen_dtype = j.value("frozen_dtype", std::string());
     if (!ref.frozen_dtype.empty() && !scalar_type_from_dtype(ref.frozen_dtype))
       throw std::runtime_error("frozen_dtype '" + ref.frozen_dtype + "' is not a safetensors dtype");
@@ -299,12 +315,14 @@ std::optional<BaseWeightsRef> read_base_ref(const std::string& checkpoint_dir) {
 
 std::string load_checkpoint_weights(model::Pi0Impl& model, const std::string& checkpoint_dir,
                                     const std::string& base_override, const std::string& override_hint,
-                                    bool reinit_mismatched_projections) {
+                                    bool reinit_mismatched_projections, bool exact_dtypes) {
   namespace fs = std::filesystem;
   const auto model_file = (fs::path(checkpoint_dir) / "model.safetensors").string();
   const auto ref = read_base_ref(checkpoint_dir);
   if (!ref) {
-    load_model_weights(model, model_file);
+    LoadOptions own;
+    own.exact_dtypes = exact_dtypes;
+    load_model_weights(model, model_file, own);
     return "";
   }
   const std::string base = base_override.empty() ? ref->path : base_override;
@@ -320,8 +338,11 @@ std::string load_checkpoint_weights(model::Pi0Impl& model, const std::string& ch
                     " bytes, expected " + std::to_string(ref->size) + " (the file changed); point at the original " +
                     "file with " + override_hint);
   }
-  const auto checksum = file_checksum(base);
-  if (checksum != ref->checksum) {
+  const auto checksum = ref->checksum.empty() ? std::string() : digest_file(base).xxh3;
+  if (ref->checksum.empty()) {
+    spdlog::warn("{}: written before {} checksums; the base weights '{}' are checked by size only", ref_file,
+                 kChecksumAlgorithm, base);
+  } else if (checksum != ref->checksum) {
     throw UserError(ref_file + ": the base weights '" + base + "' have checksum " + checksum + ", expected " +
                     ref->checksum + " (the file changed); point at the original file with " + override_hint);
   }
@@ -340,6 +361,7 @@ std::string load_checkpoint_weights(model::Pi0Impl& model, const std::string& ch
   }
   LoadOptions ck;
   ck.strict = false;  // the frozen part came from the base
+  ck.exact_dtypes = exact_dtypes;
   auto report = load_model_weights(model, model_file, ck);
   if (!report.unexpected.empty()) {
     throw UserError(model_file + ": tensor '" + report.unexpected.front() + "' is not a parameter of the model");

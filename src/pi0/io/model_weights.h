@@ -16,6 +16,7 @@
 
 #include <torch/torch.h>
 
+#include "pi0/io/checksum.h"
 #include "pi0/model/param_layout.h"
 #include "pi0/model/pi0.h"
 
@@ -30,6 +31,10 @@ struct LoadOptions {
   /// Keep the freshly initialized action/state projections when their shape differs from the file (a
   /// different action_dim than the pretrained model); each is named in a warning.
   bool reinit_mismatched_projections = false;
+  /// Every tensor must have exactly its parameter's dtype (our own training checkpoints: they hold what the trainer
+  /// wrote, so any other dtype means the file was altered). Otherwise floating-point tensors convert to the
+  /// parameter's dtype; an integer or bool tensor never fills a floating-point parameter either way.
+  bool exact_dtypes = false;
 };
 
 struct LoadReport {
@@ -57,6 +62,8 @@ struct SaveOptions {
   std::function<bool(const std::string&)> include;
   /// Called with (bytes written, total bytes) after each tensor (progress lines for multi-GB files).
   std::function<void(uint64_t, uint64_t)> progress;
+  /// Extra __metadata__ entries (training checkpoints: {"step": "N"}).
+  std::map<std::string, std::string> metadata;
 };
 
 /// Names and shapes of an openpi-layout export of a model with `options` (no LoRA), computed without allocating:
@@ -65,8 +72,8 @@ std::vector<model::ParamSpec> export_layout(const model::Pi0Options& options);
 
 /// Writes the model's parameters (optionally overridden by `replace`, e.g. EMA weights) to `path` atomically.
 /// Streams: each tensor is converted (SaveOptions::dtype) only when written, so the peak is the model plus one
-/// converted tensor.
-void save_model_weights(model::Pi0Impl& model, const std::string& path, const SaveOptions& options = {},
+/// converted tensor. Returns the file's digest (for manifests).
+FileDigest save_model_weights(model::Pi0Impl& model, const std::string& path, const SaveOptions& options = {},
                         const std::map<std::string, torch::Tensor>* replace = nullptr);
 
 /// Gives every parameter of `model` that `path` provides (same name resolution as load_model_weights) the dtype
@@ -79,14 +86,16 @@ int64_t adopt_file_dtypes(model::Pi0Impl& model, const std::string& path,
 // ---- Small checkpoints of partial fine-tunes -------------------------------------------------------------------
 // A checkpoint of a run whose frozen weights come unchanged from checkpoint.init_weights stores only the rest
 // (model.safetensors holds what trains plus anything not taken from the base) and base_weights.json naming the
-// base file: {"path", "size", "checksum"} (file_checksum). Loading reads the base first, then the checkpoint.
+// base file: {"path", "size", "checksum", "checksum_algorithm": "xxh3_64"} (checksum.h). Loading reads the base
+// first, then the checkpoint. References written before XXH3 (another algorithm) are accepted on size alone, with
+// a warning that the base cannot be verified.
 
 inline const std::string kBaseRefFile = "base_weights.json";
 
 struct BaseWeightsRef {
   std::string path;      ///< absolute path of the base model.safetensors
   uint64_t size = 0;     ///< its size in bytes
-  std::string checksum;  ///< file_checksum() of it
+  std::string checksum;  ///< XXH3 of it (digest_file); empty for a reference from before XXH3 (not verifiable)
   /// The dtype the run keeps its frozen weights in ("BF16" in bf16 / bf16-mixed runs; "" = as in the file). The
   /// base is rounded to it when loaded into a wider parameter (export to float32), so a small checkpoint gives
   /// exactly the weights the run trained with, as a self-contained one does.
@@ -103,9 +112,10 @@ std::optional<BaseWeightsRef> read_base_ref(const std::string& checkpoint_dir);
 /// `base_override` when non-empty, else the recorded path; the size and checksum must match, else a UserError
 /// saying which and how to point at the right file with `override_hint`), then the checkpoint's
 /// model.safetensors (strict for self-contained checkpoints). `reinit_mismatched_projections` as in LoadOptions,
-/// for the base. Returns the base file used ("" for a self-contained checkpoint).
+/// for the base; `exact_dtypes` as in LoadOptions, for the checkpoint's own file (the base is external weights).
+/// Returns the base file used ("" for a self-contained checkpoint).
 std::string load_checkpoint_weights(model::Pi0Impl& model, const std::string& checkpoint_dir,
                                     const std::string& base_override, const std::string& override_hint,
-                                    bool reinit_mismatched_projections = false);
+                                    bool reinit_mismatched_projections = false, bool exact_dtypes = false);
 
 }  // namespace pi0::io

@@ -77,7 +77,9 @@ struct FdGuard {
 };
 
 /// Writes all `n` bytes, retrying short writes and EINTR (a single write() moves at most ~2 GB on Linux).
-void write_all(int fd, const char* data, size_t n, const std::string& tmp_path) {
+/// The bytes are hashed as they go (they are in cache anyway), giving the file's checksum at no extra pass.
+void write_all(int fd, const char* data, size_t n, const std::string& tmp_path, Xxh3& hash) {
+  hash.update(data, n);
   while (n > 0) {
     const ssize_t w = ::write(fd, data, n);
     if (w < 0) {
@@ -419,8 +421,9 @@ void SafetensorsFile::release(const std::string& name) const {
 // ---------------------------------------------------------------------------------------------------------------
 // Writer
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata) {
+FileDigest save_safetensors(const std::string& path,
+                            const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                            const std::map<std::string, std::string>& metadata) {
   std::vector<LazyTensor> lazy;
   lazy.reserve(tensors.size());
   for (const auto& [name, tensor] : tensors) {
@@ -432,12 +435,12 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
     const torch::Tensor* t = &tensor;
     lazy.push_back({name, tensor.scalar_type(), tensor.sizes().vec(), [t] { return *t; }});
   }
-  save_safetensors_lazy(path, lazy, metadata);
+  return save_safetensors_lazy(path, lazy, metadata);
 }
 
-void save_safetensors_lazy(const std::string& path, const std::vector<LazyTensor>& tensors,
-                           const std::map<std::string, std::string>& metadata,
-                           const std::function<void(uint64_t, uint64_t)>& progress) {
+FileDigest save_safetensors_lazy(const std::string& path, const std::vector<LazyTensor>& tensors,
+                                 const std::map<std::string, std::string>& metadata,
+                                 const std::function<void(uint64_t, uint64_t)>& progress) {
   struct Entry {
     const LazyTensor* tensor;
     std::string dtype;
@@ -492,11 +495,12 @@ void save_safetensors_lazy(const std::string& path, const std::vector<LazyTensor
   const std::string tmp_path = path + ".tmp";
   FdGuard fd{::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
   if (fd.fd < 0) throw UserError(tmp_path + ": cannot create (" + errno_text(errno) + ")");
+  Xxh3 hash;
   try {
     char len_bytes[8];
     std::memcpy(len_bytes, &header_len, 8);
-    write_all(fd.fd, len_bytes, 8, tmp_path);
-    write_all(fd.fd, header_text.data(), header_text.size(), tmp_path);
+    write_all(fd.fd, len_bytes, 8, tmp_path, hash);
+    write_all(fd.fd, header_text.data(), header_text.size(), tmp_path, hash);
     uint64_t written = 0, flushed = 0;
     for (const Entry& e : entries) {
       if (e.nbytes == 0) continue;
@@ -513,7 +517,7 @@ void save_safetensors_lazy(const std::string& path, const std::vector<LazyTensor
                         c10::str(cpu.sizes()) + ", expected " + std::string(c10::toString(e.tensor->dtype)) + " " +
                         c10::str(torch::IntArrayRef(e.tensor->shape)));
       }
-      write_all(fd.fd, static_cast<const char*>(cpu.data_ptr()), e.nbytes, tmp_path);
+      write_all(fd.fd, static_cast<const char*>(cpu.data_ptr()), e.nbytes, tmp_path, hash);
       written += e.nbytes;
       // Start write-back of what is written every 256 MiB and let the page cache drop it once on disk: a
       // multi-GB file otherwise piles up as dirty pages and the final fsync writes it all in one stall.
@@ -543,60 +547,13 @@ void save_safetensors_lazy(const std::string& path, const std::vector<LazyTensor
   if (dir.empty()) dir = ".";
   FdGuard dir_fd{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (dir_fd.fd >= 0) ::fsync(dir_fd.fd);
+  return {8 + header_len + total, hash.hex()};
 }
 
 std::map<std::string, torch::Tensor> read_safetensors(const std::string& path) {
   SafetensorsFile file(path);
   std::map<std::string, torch::Tensor> out;
   for (const auto& name : file.names()) out[name] = file.get_copy(name);
-  return out;
-}
-
-}  // namespace pi0::io
-
-namespace pi0::io {
-
-std::string file_checksum(const std::string& path) {
-  FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (fd.fd < 0) throw UserError(path + ": cannot open (" + errno_text(errno) + ")");
-  ::posix_fadvise(fd.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-  constexpr uint64_t P1 = 11400714785074694791ull, P2 = 14029467366897019727ull, P3 = 1609587929392839161ull,
-                     P4 = 9650029242287828579ull;
-  auto rotl = [](uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
-  auto round = [&](uint64_t acc, uint64_t v) { return rotl(acc + v * P2, 31) * P1; };
-  uint64_t lane[4] = {P1 + P2, P2, 0, 0 - P1};
-  std::vector<char> buf(16u << 20);
-  uint64_t total = 0;
-  size_t have = 0;  // bytes in buf not yet hashed (< 32 carried over between reads)
-  while (true) {
-    const ssize_t n = ::read(fd.fd, buf.data() + have, buf.size() - have);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw UserError(path + ": read failed (" + errno_text(errno) + ")");
-    }
-    have += static_cast<size_t>(n);
-    total += static_cast<uint64_t>(n);
-    const size_t blocks = have / 32;
-    for (size_t b = 0; b < blocks; ++b) {
-      uint64_t v[4];
-      std::memcpy(v, buf.data() + b * 32, 32);
-      for (int i = 0; i < 4; ++i) lane[i] = round(lane[i], v[i]);
-    }
-    const size_t rest = have - blocks * 32;
-    std::memmove(buf.data(), buf.data() + blocks * 32, rest);
-    have = rest;
-    if (n == 0) break;
-  }
-  uint64_t h = rotl(lane[0], 1) + rotl(lane[1], 7) + rotl(lane[2], 12) + rotl(lane[3], 18);
-  for (size_t i = 0; i < have; ++i) h = rotl(h ^ (static_cast<unsigned char>(buf[i]) * P4), 11) * P1;
-  h ^= total;
-  h ^= h >> 33;
-  h *= P2;
-  h ^= h >> 29;
-  h *= P3;
-  h ^= h >> 32;
-  char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
   return out;
 }
 

@@ -18,6 +18,8 @@
 
 #include <torch/torch.h>
 
+#include "pi0/io/checksum.h"
+
 namespace pi0::io {
 
 /// The torch scalar type stored under a safetensors dtype name ("F32", "BF16", ...); nullopt for names this
@@ -112,9 +114,11 @@ class SafetensorsFile {
 /// so every tensor is aligned to its element size and the file passes the reference reader's coverage check.
 /// The file is written to `path + ".tmp"`, fsync'ed and renamed over `path`, so readers see either the old file
 /// or the complete new one; on failure `path` is untouched and the temporary file is removed.
+/// Returns the file's size and XXH3, computed from the bytes as they were written (for manifests).
 /// Throws pi0::UserError on duplicate or reserved names, unsupported dtypes or I/O errors.
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
+FileDigest save_safetensors(const std::string& path,
+                            const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                            const std::map<std::string, std::string>& metadata = {});
 
 /// A tensor to write that is produced only when its turn comes (a dtype conversion, an EMA overlay, zeros), so a
 /// whole file's worth of converted tensors never exists at once: the writer's peak is one produced tensor.
@@ -127,13 +131,9 @@ struct LazyTensor {
 
 /// save_safetensors for lazily produced tensors: same layout, atomicity and errors; each tensor is produced,
 /// written and dropped in turn. `progress` (if set) is called with (bytes written, total bytes) after each tensor.
-void save_safetensors_lazy(const std::string& path, const std::vector<LazyTensor>& tensors,
-                           const std::map<std::string, std::string>& metadata = {},
-                           const std::function<void(uint64_t, uint64_t)>& progress = {});
-
-/// A 64-bit checksum (xxHash64's lane mixing over 4 lanes, then the length) of a whole file, read sequentially
-/// in 16 MiB blocks so the resident set stays bounded; 16 hex digits. Throws pi0::UserError if unreadable.
-std::string file_checksum(const std::string& path);
+FileDigest save_safetensors_lazy(const std::string& path, const std::vector<LazyTensor>& tensors,
+                                 const std::map<std::string, std::string>& metadata = {},
+                                 const std::function<void(uint64_t, uint64_t)>& progress = {});
 
 /// Every tensor of `path` as an owned, writable CPU copy, by name (small files: optimizer/EMA state,
 /// observations). Throws pi0::UserError like SafetensorsFile.

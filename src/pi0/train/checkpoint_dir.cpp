@@ -129,9 +129,15 @@ std::optional<std::pair<int64_t, std::string>> newest_complete_checkpoint(const 
   return std::make_pair(steps.back(), (fs::path(checkpoints_dir(run_dir)) / std::to_string(steps.back())).string());
 }
 
-std::vector<int64_t> prune_checkpoints(const std::string& run_dir, int64_t keep_last, int64_t keep_period) {
+std::vector<int64_t> prune_checkpoints(const std::string& run_dir, int64_t keep_last, int64_t keep_period,
+                                       const std::set<int64_t>& bad, const std::set<int64_t>& verified) {
   PI0_CHECK(keep_last >= 0, "prune_checkpoints: keep_last must be >= 0, got ", keep_last);
-  const auto steps = complete_checkpoints(run_dir);
+  std::vector<int64_t> steps;
+  for (const int64_t step : complete_checkpoints(run_dir))
+    if (!bad.count(step)) steps.push_back(step);
+  std::optional<int64_t> newest_verified;
+  for (const int64_t step : steps)
+    if (verified.count(step)) newest_verified = step;
   std::vector<int64_t> deleted;
   const int64_t n = static_cast<int64_t>(steps.size());
   for (int64_t i = 0; i < n; ++i) {
@@ -139,11 +145,24 @@ std::vector<int64_t> prune_checkpoints(const std::string& run_dir, int64_t keep_
     const bool newest = i == n - 1;
     const bool recent = i >= n - keep_last;
     const bool periodic = keep_period > 0 && step % keep_period == 0;
-    if (newest || recent || periodic) continue;
+    if (newest || recent || periodic || step == newest_verified) continue;
     remove_checkpoint(fs::path(checkpoints_dir(run_dir)) / std::to_string(step));
     deleted.push_back(step);
   }
   return deleted;
+}
+
+std::string checkpoint_path(const std::string& run_dir, int64_t step) {
+  return (fs::path(checkpoints_dir(run_dir)) / std::to_string(step)).string();
+}
+
+std::string set_aside_checkpoint(const std::string& run_dir, int64_t step) {
+  const fs::path from(checkpoint_path(run_dir, step));
+  fs::path to = from.string() + ".unverified";
+  for (int i = 1; fs::exists(to); ++i) to = from.string() + ".unverified_" + std::to_string(i);
+  rename_or_throw(from, to);
+  fsync_path(from.parent_path(), true);
+  return to.string();
 }
 
 std::vector<std::string> remove_stale_temp_checkpoints(const std::string& run_dir) {

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -35,10 +36,21 @@ std::vector<int64_t> complete_checkpoints(const std::string& run_dir);
 std::optional<std::pair<int64_t, std::string>> newest_complete_checkpoint(const std::string& run_dir);
 
 /// Deletes complete checkpoints except the newest `keep_last` and those with step % keep_period == 0
-/// (keep_period <= 0: none kept for that reason); the newest complete one is always kept. Incomplete numeric
-/// directories are left alone (they may be foreign). COMPLETE is removed before the files, so a crash mid-delete
-/// never leaves a complete-looking partial checkpoint. Returns the deleted steps.
-std::vector<int64_t> prune_checkpoints(const std::string& run_dir, int64_t keep_last, int64_t keep_period);
+/// (keep_period <= 0: none kept for that reason); the newest complete one is always kept. Steps in `bad` (found
+/// not to verify) are neither deleted nor counted, and the newest step in `verified` is always kept, so rotation
+/// never leaves only checkpoints that fail verification. Incomplete numeric directories are left alone (they may be
+/// foreign). COMPLETE is removed before the files, so a crash mid-delete never leaves a complete-looking partial
+/// checkpoint. Returns the deleted steps.
+std::vector<int64_t> prune_checkpoints(const std::string& run_dir, int64_t keep_last, int64_t keep_period,
+                                       const std::set<int64_t>& bad = {}, const std::set<int64_t>& verified = {});
+
+/// run_dir/checkpoints/<step>
+std::string checkpoint_path(const std::string& run_dir, int64_t step);
+
+/// Moves the complete checkpoint <step>/ (found not to verify) out of the way before a new checkpoint of the same
+/// step is committed, so it is never overwritten: renamed to <step>.unverified (or .unverified_<n>), which no
+/// resume, prune or temp clean-up touches. Returns the new path.
+std::string set_aside_checkpoint(const std::string& run_dir, int64_t step);
 
 /// Removes .tmp_* directories left by crashed writers (any pid other than this process). Returns their names.
 std::vector<std::string> remove_stale_temp_checkpoints(const std::string& run_dir);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <set>
 
@@ -19,6 +20,7 @@
 #include "pi0/common/check.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/dist/consistency.h"
+#include "pi0/io/manifest.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/model/model_config.h"
@@ -37,6 +39,12 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+/// A checkpoint whose contents do not verify (checksums, non-finite values, dtypes): resume falls back past it.
+class UnusableCheckpoint : public UserError {
+ public:
+  using UserError::UserError;
+};
 
 std::vector<std::pair<std::string, torch::Tensor>> to_vector(const std::map<std::string, torch::Tensor>& m) {
   return {m.begin(), m.end()};
@@ -142,16 +150,14 @@ void Trainer::check_model_settings() const {
   model::parse_attention_impl(cfg_.model.attention, "model.attention");
 }
 
-std::optional<std::string> Trainer::check_run_dir() const {
+std::optional<std::string> Trainer::check_run_dir() {
   const auto& ck = cfg_.checkpoint;
   check_writable_dir(ck.run_dir, "checkpoint.run_dir");
   std::optional<std::string> dir;
   if (options_.resume) {
-    if (auto newest = newest_complete_checkpoint(ck.run_dir)) {
-      dir = newest->second;
-    } else if (options_.rank == 0) {
+    dir = pick_checkpoint(std::nullopt);
+    if (!dir && options_.rank == 0)
       spdlog::warn("--resume: no complete checkpoint in {}; starting from step 0", ck.run_dir);
-    }
   } else if (auto steps = complete_checkpoints(ck.run_dir); !steps.empty()) {
     throw UserError("checkpoint.run_dir '" + ck.run_dir + "' already holds checkpoints (newest: step " +
                     std::to_string(steps.back()) + "); pass --resume to continue it, or choose another run_dir");
@@ -176,6 +182,68 @@ std::optional<std::string> Trainer::check_run_dir() const {
                     "model.safetensors");
   }
   return dir;
+}
+
+void Trainer::check_checkpoint(const std::string& dir, int64_t step) const {
+  const fs::path d(dir);
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", kTrainerStateFile, "rng.safetensors"}) {
+    if (!fs::exists(d / f)) throw UserError((d / f).string() + ": missing from the checkpoint");
+  }
+  // The step is recorded four ways (directory name, trainer_state.json, manifest.json, each safetensors file's
+  // metadata): all must agree, so a file copied in from another checkpoint is caught without reading its data.
+  const auto state_path = (d / kTrainerStateFile).string();
+  const int64_t state_step = read_trainer_state(dir).step;  // every field checked, errors name the file and field
+  if (state_step != step) {
+    throw UserError(state_path + ": says step " + std::to_string(state_step) + ", but the checkpoint directory is " +
+                    "step " + std::to_string(step));
+  }
+  const auto manifest = io::read_manifest(dir);
+  if (!manifest) {
+    const std::string why = (d / io::kManifestFile).string() + ": missing (a checkpoint from before manifests), so "
+                            "its contents cannot be verified";
+    if (cfg_.checkpoint.resume_policy == "strict") {
+      throw UserError(why + "; checkpoint.resume_policy=strict refuses it (set checkpoint.resume_policy="
+                      "newest_verified to accept it unverified)");
+    }
+    if (options_.rank == 0) spdlog::warn("{}; using it unverified", why);
+    return;
+  }
+  if (manifest->step != step) {
+    throw UserError((d / io::kManifestFile).string() + ": is for step " +
+                    (manifest->step ? std::to_string(*manifest->step) : std::string("<none>")) +
+                    ", but the checkpoint directory is step " + std::to_string(step));
+  }
+  io::check_manifest(dir, *manifest);
+}
+
+std::optional<std::string> Trainer::pick_checkpoint(std::optional<int64_t> below) {
+  const auto& ck = cfg_.checkpoint;
+  const auto steps = complete_checkpoints(ck.run_dir);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if ((below && *it >= *below) || bad_steps_.count(*it)) continue;
+    const auto dir = checkpoint_path(ck.run_dir, *it);
+    try {
+      check_checkpoint(dir, *it);
+      return dir;
+    } catch (const UserError& e) {
+      reject_checkpoint(dir, e.what());
+    }
+  }
+  if (steps.empty()) return std::nullopt;
+  throw UserError("checkpoint.run_dir '" + ck.run_dir + "': none of its " + std::to_string(steps.size()) +
+                  " complete checkpoints verifies (each is named in a warning above); restore one from a backup, or "
+                  "start a new run in another run_dir");
+}
+
+void Trainer::reject_checkpoint(const std::string& dir, const std::string& why) {
+  if (cfg_.checkpoint.resume_policy == "strict") {
+    throw UserError("--resume: checkpoint " + dir + " does not verify: " + why +
+                    " (checkpoint.resume_policy=strict: not falling back to an older checkpoint)");
+  }
+  bad_steps_.insert(std::stoll(fs::path(dir).filename().string()));
+  if (options_.rank == 0) {
+    spdlog::warn("--resume: checkpoint {} does not verify and is skipped (left untouched): {}", dir, why);
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -314,7 +382,18 @@ int64_t Trainer::run() {
   install_stop_signal_handlers();
   fs::create_directories(ck.run_dir);
   if (resume_dir_) {
-    restore(*resume_dir_);
+    // Falls back to older checkpoints while the chosen one turns out not to verify (newest_verified policy).
+    while (true) {
+      try {
+        restore(*resume_dir_);
+        break;
+      } catch (const UnusableCheckpoint& e) {
+        reject_checkpoint(*resume_dir_, e.what());
+        resume_dir_ = pick_checkpoint(std::stoll(fs::path(*resume_dir_).filename().string()));
+        if (rank0) spdlog::warn("--resume: falling back to {}", *resume_dir_);
+      }
+    }
+    verified_steps_.insert(step_);
     resume_dir_.reset();
   } else if (auto steps = complete_checkpoints(ck.run_dir); !steps.empty()) {
     throw UserError("checkpoint.run_dir '" + ck.run_dir + "' already holds checkpoints (newest: step " +
@@ -496,54 +575,79 @@ std::string Trainer::save_checkpoint() {
     pg_->barrier("checkpoint of step " + std::to_string(step_) + " written by rank 0");
     return "";
   }
+  if (bad_steps_.count(step_) && fs::exists(checkpoint_path(ck.run_dir, step_))) {
+    // Never overwrite a checkpoint that failed verification: keep it, under another name, for inspection.
+    const auto aside = set_aside_checkpoint(ck.run_dir, step_);
+    spdlog::warn("checkpoint of step {} failed verification at resume; moved to {} so the new one does not replace "
+                 "it", step_, aside);
+    bad_steps_.erase(step_);
+  }
   const fs::path tmp = begin_checkpoint(ck.run_dir, step_);
   const auto t0 = Clock::now();
-  io::SaveOptions so;
-  so.openpi_layout = false;  // exact parameter names, LoRA included: what resume needs
-  so.include_lora = true;
-  if (base_ref_) {
-    // Small checkpoint: the frozen weights taken unchanged from the base are referenced, not copied.
-    std::set<std::string> trainable_names;
-    size_t i = 0;
-    for (const auto& item : model_->named_parameters())
-      if (trainable_[i++]) trainable_names.insert(item.key());
-    so.include = [this, trainable_names](const std::string& name) {
-      return trainable_names.count(name) || !base_names_.count(name);
-    };
-    io::write_base_ref(tmp.string(), *base_ref_);
-  }
-  uint64_t next_report = 2ull << 30;
-  so.progress = [&](uint64_t done, uint64_t total) {
-    if (done >= next_report && done < total) {
-      spdlog::info("saving model.safetensors: {:.1f}/{:.1f} GB", done / 1e9, total / 1e9);
-      while (next_report <= done) next_report += 2ull << 30;
+  std::string final_dir;
+  try {
+    // Every file records the step it belongs to, so one copied in from another checkpoint is caught on resume.
+    const std::map<std::string, std::string> meta = {{"step", std::to_string(step_)}};
+    std::map<std::string, io::FileDigest> digests;  // computed while writing: the manifest costs no extra read
+    io::SaveOptions so;
+    so.metadata = meta;
+    so.openpi_layout = false;  // exact parameter names, LoRA included: what resume needs
+    so.include_lora = true;
+    if (base_ref_) {
+      // Small checkpoint: the frozen weights taken unchanged from the base are referenced, not copied.
+      std::set<std::string> trainable_names;
+      size_t i = 0;
+      for (const auto& item : model_->named_parameters())
+        if (trainable_[i++]) trainable_names.insert(item.key());
+      so.include = [this, trainable_names](const std::string& name) {
+        return trainable_names.count(name) || !base_names_.count(name);
+      };
+      io::write_base_ref(tmp.string(), *base_ref_);
     }
-  };
-  io::save_model_weights(*model_, (tmp / "model.safetensors").string(), so);
-  if (ema_) io::save_safetensors((tmp / "ema.safetensors").string(), to_vector(ema_->state_dict()));
-  io::save_safetensors((tmp / "optimizer.safetensors").string(), to_vector(optimizer_->state_dict()));
-  std::vector<std::pair<std::string, torch::Tensor>> lora;
-  for (const auto& item : model_->named_parameters())
-    if (item.key().find(".lora_") != std::string::npos) lora.emplace_back(item.key(), item.value());
-  if (!lora.empty()) io::save_safetensors((tmp / "lora.safetensors").string(), lora);
-  std::vector<std::pair<std::string, torch::Tensor>> rngs;
-  TrainerState state;
-  state.step = step_;
-  state.world_size = options_.world_size;
-  state.nonfinite_skips = nonfinite_skips_;
-  for (size_t r = 0; r < rng_states.size(); ++r) {
-    rngs.emplace_back("rank" + std::to_string(r) + ".noise_time", rng_states[r]);
-    state.rank_loaders.push_back({positions[r][0].item<int64_t>(), positions[r][1].item<int64_t>()});
+    uint64_t next_report = 2ull << 30;
+    so.progress = [&](uint64_t done, uint64_t total) {
+      if (done >= next_report && done < total) {
+        spdlog::info("saving model.safetensors: {:.1f}/{:.1f} GB", done / 1e9, total / 1e9);
+        while (next_report <= done) next_report += 2ull << 30;
+      }
+    };
+    digests["model.safetensors"] = io::save_model_weights(*model_, (tmp / "model.safetensors").string(), so);
+    if (ema_) {
+      digests["ema.safetensors"] =
+          io::save_safetensors((tmp / "ema.safetensors").string(), to_vector(ema_->state_dict()), meta);
+    }
+    digests["optimizer.safetensors"] =
+        io::save_safetensors((tmp / "optimizer.safetensors").string(), to_vector(optimizer_->state_dict()), meta);
+    std::vector<std::pair<std::string, torch::Tensor>> lora;
+    for (const auto& item : model_->named_parameters())
+      if (item.key().find(".lora_") != std::string::npos) lora.emplace_back(item.key(), item.value());
+    if (!lora.empty()) digests["lora.safetensors"] = io::save_safetensors((tmp / "lora.safetensors").string(), lora, meta);
+    std::vector<std::pair<std::string, torch::Tensor>> rngs;
+    TrainerState state;
+    state.step = step_;
+    state.world_size = options_.world_size;
+    state.nonfinite_skips = nonfinite_skips_;
+    for (size_t r = 0; r < rng_states.size(); ++r) {
+      rngs.emplace_back("rank" + std::to_string(r) + ".noise_time", rng_states[r]);
+      state.rank_loaders.push_back({positions[r][0].item<int64_t>(), positions[r][1].item<int64_t>()});
+    }
+    digests["rng.safetensors"] = io::save_safetensors((tmp / "rng.safetensors").string(), rngs, meta);
+    write_file_atomic(tmp / kTrainerStateFile, to_json(state).dump(2) + "\n");
+    write_file_atomic(tmp / "config.yaml", YAML::Dump(config::to_yaml(cfg_)) + "\n");
+    const auto assets = tmp / "assets" / ck.asset_id;
+    fs::create_directories(assets);
+    fs::copy_file(cfg_.data.norm_stats, assets / "norm_stats.json", fs::copy_options::overwrite_existing);
+    fs::copy_file(cfg_.data.tokenizer, tmp / "tokenizer.model", fs::copy_options::overwrite_existing);
+    io::write_manifest(tmp.string(), step_, digests);  // last: it lists every other file
+    final_dir = commit_checkpoint(tmp.string(), ck.run_dir, step_);
+  } catch (...) {
+    // A failed save (disk full, I/O error) leaves nothing behind; the previous checkpoints are untouched.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
   }
-  io::save_safetensors((tmp / "rng.safetensors").string(), rngs);
-  write_file_atomic(tmp / kTrainerStateFile, to_json(state).dump(2) + "\n");
-  write_file_atomic(tmp / "config.yaml", YAML::Dump(config::to_yaml(cfg_)) + "\n");
-  const auto assets = tmp / "assets" / ck.asset_id;
-  fs::create_directories(assets);
-  fs::copy_file(cfg_.data.norm_stats, assets / "norm_stats.json", fs::copy_options::overwrite_existing);
-  fs::copy_file(cfg_.data.tokenizer, tmp / "tokenizer.model", fs::copy_options::overwrite_existing);
-  const auto final_dir = commit_checkpoint(tmp.string(), ck.run_dir, step_);
-  prune_checkpoints(ck.run_dir, ck.keep_last, ck.keep_period);
+  verified_steps_.insert(step_);
+  prune_checkpoints(ck.run_dir, ck.keep_last, ck.keep_period, bad_steps_, verified_steps_);
   uint64_t bytes = 0;
   for (const auto& e : fs::recursive_directory_iterator(final_dir))
     if (e.is_regular_file()) bytes += e.file_size();
@@ -558,34 +662,61 @@ void Trainer::restore(const std::string& dir) {
   const fs::path d(dir);
   const TrainerState state = read_trainer_state(dir);  // checked with check_resumable() by the constructor
   const auto t0 = Clock::now();
-  const auto base = io::load_checkpoint_weights(*model_, dir, cfg_.checkpoint.init_weights,
-                                                "--set checkpoint.init_weights=NEW_PATH",
-                                                cfg_.checkpoint.reinit_mismatched_projections);
-  if (!base.empty()) {
-    // Later checkpoints keep referring to the same (verified) base, at the path it was found.
-    base_ref_ = *io::read_base_ref(dir);
-    base_ref_->path = fs::absolute(base).lexically_normal().string();
-    base_names_.clear();
-    io::SafetensorsFile own((d / "model.safetensors").string());
-    for (const auto& item : model_->named_parameters())
-      if (!own.contains(item.key())) base_names_.insert(item.key());
-  }
-  // Optimizer and EMA state stream from the mapped files straight into the existing tensors: no whole-file copy.
-  auto load_streamed = [&](const fs::path& file, auto& target) {
-    io::SafetensorsFile f(file.string(), io::AccessPattern::kSequential);
-    std::map<std::string, torch::Tensor> views;
-    for (const auto& n : f.names()) views[n] = f.get(n);  // views of the mapping: nothing read yet
-    target.load_state_dict(views, file.string(),
-                           [&f](const std::string& key, const torch::Tensor& dst) { f.read_into(key, dst); });
-  };
-  load_streamed(d / "optimizer.safetensors", *optimizer_);
-  if (ema_) {
-    if (!fs::exists(d / "ema.safetensors")) {
-      throw UserError("checkpoint '" + dir + "' has no EMA weights but train.ema_decay is " +
-                      std::to_string(cfg_.train.ema_decay) + " (resume with train.ema_decay=0, or from a run with EMA)");
+  // Every byte is verified (checksums, finiteness) on other threads while the files load: the verification reads
+  // the same pages the load does, so on a machine with a spare core it adds little to the resume time.
+  auto verification = std::async(std::launch::async, [dir] { io::verify_contents(dir, io::read_manifest(dir)); });
+  auto unusable_if_unverified = [&](const std::string& load_error) {
+    try {
+      verification.get();
+    } catch (const UserError& e) {
+      // The contents are damaged: the load's own error, if any, names the tensor more precisely.
+      throw UnusableCheckpoint(load_error.empty() ? e.what() : load_error);
     }
-    load_streamed(d / "ema.safetensors", *ema_);
+  };
+  try {
+    base_ref_.reset();
+    base_names_.clear();
+    const auto base = io::load_checkpoint_weights(*model_, dir, cfg_.checkpoint.init_weights,
+                                                  "--set checkpoint.init_weights=NEW_PATH",
+                                                  cfg_.checkpoint.reinit_mismatched_projections,
+                                                  /*exact_dtypes=*/true);
+    if (!base.empty()) {
+      // Later checkpoints keep referring to the same (verified) base, at the path it was found.
+      base_ref_ = *io::read_base_ref(dir);
+      base_ref_->path = fs::absolute(base).lexically_normal().string();
+      io::SafetensorsFile own((d / "model.safetensors").string());
+      for (const auto& item : model_->named_parameters())
+        if (!own.contains(item.key())) base_names_.insert(item.key());
+    }
+    // Optimizer and EMA state stream from the mapped files straight into the existing tensors: no whole-file copy.
+    // They hold exactly the dtypes this trainer writes.
+    auto load_streamed = [&](const fs::path& file, auto& target) {
+      io::SafetensorsFile f(file.string(), io::AccessPattern::kSequential);
+      std::map<std::string, torch::Tensor> views;
+      for (const auto& n : f.names()) views[n] = f.get(n);  // views of the mapping: nothing read yet
+      target.load_state_dict(views, file.string(), [&f](const std::string& key, const torch::Tensor& dst) {
+        const auto stored = f.info(key).scalar_type;
+        if (stored != dst.scalar_type()) {
+          throw UserError(f.path() + ": tensor '" + key + "' is stored as " + std::string(c10::toString(stored)) +
+                          ", expected " + std::string(c10::toString(dst.scalar_type())) +
+                          " (a checkpoint holds exactly the dtypes its trainer wrote: the file was altered)");
+        }
+        f.read_into(key, dst);
+      });
+    };
+    load_streamed(d / "optimizer.safetensors", *optimizer_);
+    if (ema_) {
+      if (!fs::exists(d / "ema.safetensors")) {
+        throw UserError("checkpoint '" + dir + "' has no EMA weights but train.ema_decay is " +
+                        std::to_string(cfg_.train.ema_decay) + " (resume with train.ema_decay=0, or from a run with EMA)");
+      }
+      load_streamed(d / "ema.safetensors", *ema_);
+    }
+  } catch (const UserError& e) {
+    unusable_if_unverified(e.what());
+    throw;  // the contents verify: the checkpoint is fine, this run cannot use it (config mismatch)
   }
+  unusable_if_unverified("");
   spdlog::info("loaded checkpoint state in {:.1f} s", std::chrono::duration<double>(Clock::now() - t0).count());
   {
     io::SafetensorsFile rng(( d / "rng.safetensors").string());

@@ -86,7 +86,18 @@ class Trainer {
   void build_model();
   /// The checkpoint to resume from (--resume and one exists); throws if the run dir holds checkpoints without
   /// --resume, or a referenced file is missing. Runs before anything is built.
-  std::optional<std::string> check_run_dir() const;
+  std::optional<std::string> check_run_dir();
+  /// The cheap checks of a complete checkpoint (no tensor data read): its files are present, trainer_state.json,
+  /// manifest.json and every safetensors header agree on the directory's step, and the sizes match the manifest.
+  /// Throws pi0::UserError saying what is wrong.
+  void check_checkpoint(const std::string& dir, int64_t step) const;
+  /// The newest complete checkpoint older than `below` (all when nullopt) that passes check_checkpoint; the ones
+  /// that fail go through reject_checkpoint. nullopt if the run dir holds no complete checkpoint at all.
+  std::optional<std::string> pick_checkpoint(std::optional<int64_t> below);
+  /// Strict resume: throws. Otherwise warns, naming the checkpoint and `why`, and remembers it as bad.
+  void reject_checkpoint(const std::string& dir, const std::string& why);
+  /// Loads the checkpoint while its contents are verified on other threads; throws UnusableCheckpoint if they do
+  /// not verify (checksums, non-finite values, dtypes), any other UserError for a checkpoint this run cannot use.
   /// The freeze preset, trainable regexes and attention setting, checked from shapes before anything is built.
   void check_model_settings() const;
   void restore(const std::string& checkpoint_dir);
@@ -109,6 +120,11 @@ class Trainer {
   int64_t step_ = 0;
   int64_t nonfinite_skips_ = 0;
   std::optional<std::string> resume_dir_;  ///< checkpoint restored by run()
+  /// Checkpoints found unusable at resume: never deleted or overwritten (left for inspection), not counted by
+  /// checkpoint.keep_last.
+  std::set<int64_t> bad_steps_;
+  /// Checkpoints known good: the one resumed from (verified) and those this process wrote (hashed as written).
+  std::set<int64_t> verified_steps_;
   /// Small checkpoints: the frozen base the run builds on, and the parameters taken unchanged from it.
   std::optional<io::BaseWeightsRef> base_ref_;
   std::set<std::string> base_names_;

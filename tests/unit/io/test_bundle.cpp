@@ -21,10 +21,12 @@
 #include "pi0/data/tokenizer.h"
 #include "pi0/data/transforms.h"
 #include "pi0/io/bundle.h"
+#include "pi0/io/manifest.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/model/model_config.h"
 #include "pi0/model/param_layout.h"
+#include "support/corrupt.h"
 #include "support/test_support.h"
 
 using namespace pi0;
@@ -241,6 +243,46 @@ TEST_CASE("export_bundle writes openpi names, config and assets, and no training
   CHECK(io::export_bundle(run.checkpoint, b.string(), export_options("model")).weights == "model");
   CHECK_THROWS_WITH(io::export_bundle(run.checkpoint, dir.str("run"), {}), Contains("is not an inference bundle"));
   CHECK_THROWS_WITH(io::export_bundle(run.run_dir + "/checkpoints/9", dir.str("b2"), {}), Contains("COMPLETE"));
+}
+
+TEST_CASE("bundles carry a manifest: loading refuses a changed file or a relabelled dtype, export refuses a "
+          "damaged checkpoint", "[unit][io]") {
+  testing::TempDir dir("pi0bundle");
+  auto run = fake_run(dir, /*lora=*/false);
+  io::export_bundle(run.checkpoint, dir.str("bundle"), {});  // bf16
+  const auto m = io::read_manifest(dir.str("bundle"));
+  REQUIRE(m);
+  CHECK(m->files.count("model.safetensors"));
+  CHECK(m->files.count("config.json"));
+  CHECK(m->files.count("assets/tiny/norm_stats.json"));
+  const auto model = dir.str("bundle/model.safetensors");
+  SECTION("flipped bit") {
+    testing::flip_data_bit(model, io::kLmHeadName);
+    CHECK_THROWS_WITH(io::load_bundle(dir.str("bundle")), Contains(model) && Contains("contents differ"));
+  }
+  SECTION("BF16 relabelled as F16") {
+    testing::relabel_dtype(model, "action_in_proj.weight", "BF16", "F16");
+    CHECK_THROWS_WITH(io::load_bundle(dir.str("bundle")), Contains(model) && Contains("contents differ"));
+    // A bundle from before manifests: the dtype rule alone catches it.
+    fs::remove(dir.str("bundle/manifest.json"));
+    CHECK_THROWS_WITH(io::load_bundle(dir.str("bundle")),
+                      Contains(model) && Contains("'action_in_proj.weight'") && Contains("F16") &&
+                          Contains("expected BF16"));
+  }
+  SECTION("NaN in a bundle from before manifests") {
+    fs::remove(dir.str("bundle/manifest.json"));
+    testing::write_nan(model, "action_out_proj.weight");
+    CHECK_THROWS_WITH(io::load_bundle(dir.str("bundle")),
+                      Contains(model) && Contains("'action_out_proj.weight'") && Contains("non-finite"));
+  }
+  SECTION("export verifies the checkpoint") {
+    io::write_manifest(run.checkpoint, std::nullopt);
+    CHECK_NOTHROW(io::export_bundle(run.checkpoint, dir.str("b2"), {}));
+    testing::flip_data_bit(run.checkpoint + "/ema.safetensors", run.ema.begin()->first);
+    CHECK_THROWS_WITH(io::export_bundle(run.checkpoint, dir.str("b3"), {}),
+                      Contains(run.checkpoint + "/ema.safetensors") && Contains("contents differ"));
+    CHECK(!fs::exists(dir.str("b3")));
+  }
 }
 
 TEST_CASE("export_bundle: EMA weights overlay the trainable parameters, model weights are the raw ones", "[unit][io]") {

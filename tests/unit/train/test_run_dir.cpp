@@ -103,6 +103,29 @@ TEST_CASE("pruning keeps the newest keep_last and every keep_period multiple", "
   CHECK(complete_checkpoints(run) == std::vector<int64_t>{7000});
 }
 
+TEST_CASE("pruning never deletes or counts checkpoints that failed verification and keeps the newest verified",
+          "[unit][train]") {
+  testing::TempDir dir("pi0ckpt");
+  const auto run = dir.str();
+  for (int64_t s : {10, 20, 30, 40}) save(run, s, "x");
+  // 40 failed verification; 10 was resumed from (verified) and 20, 30 were written since.
+  CHECK(prune_checkpoints(run, 1, 0, /*bad=*/{40}, /*verified=*/{10, 20, 30}) == std::vector<int64_t>{10, 20});
+  CHECK(complete_checkpoints(run) == std::vector<int64_t>{30, 40});
+  // Only the verified one is kept besides the bad one, even with newer checkpoints of unknown state.
+  save(run, 35, "x");
+  CHECK(prune_checkpoints(run, 1, 0, {40}, {30}) == std::vector<int64_t>{});
+  CHECK(complete_checkpoints(run) == std::vector<int64_t>{30, 35, 40});
+  // A bad checkpoint is moved aside, never overwritten, when its step is saved again.
+  const auto aside = set_aside_checkpoint(run, 40);
+  CHECK(aside == (fs::path(run) / "checkpoints" / "40.unverified").string());
+  CHECK(read_file(fs::path(aside) / "model.safetensors") == "x");
+  save(run, 40, "y");
+  CHECK(set_aside_checkpoint(run, 40) == (fs::path(run) / "checkpoints" / "40.unverified_1").string());
+  CHECK(complete_checkpoints(run) == std::vector<int64_t>{30, 35});
+  CHECK(remove_stale_temp_checkpoints(run).empty());  // set-aside directories are not temporary
+  CHECK(fs::exists(aside));
+}
+
 TEST_CASE("SIGTERM sets the stop flag and re-arms the default action", "[unit][train]") {
   reset_stop_request();
   install_stop_signal_handlers();

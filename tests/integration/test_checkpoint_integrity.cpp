@@ -1,0 +1,231 @@
+// Damaged checkpoints at resume (issue 11, items 1-4 and 15): a relabelled dtype, a flipped bit, a file from an
+// older step, an edited trainer_state.json, NaN in the weights or optimizer state; falling back to the newest
+// checkpoint that verifies while leaving the bad one untouched, strict mode, keep_last rotation, checkpoints from
+// before manifests, and a save that fails on a full disk.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "pi0/common/check.h"
+#include "pi0/io/manifest.h"
+#include "pi0/io/safetensors.h"
+#include "pi0/train/checkpoint_dir.h"
+#include "pi0/train/trainer.h"
+#include "support/corrupt.h"
+#include "support/test_support.h"
+#include "support/tiny_run.h"
+
+using namespace pi0;
+using Catch::Contains;
+using pi0::testing::TinyRun;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A tiny run trained to step 6 with complete checkpoints at steps 3 and 6, made once; each test works on a copy.
+struct Finished {
+  TinyRun run;
+  Finished() {
+    train::Trainer t(run.config("base", {"train.num_steps=6", "checkpoint.save_interval=3", "checkpoint.keep_last=2"}));
+    REQUIRE(t.run() == 6);
+  }
+  // A copy of the finished run as run_dir `name`; returns its checkpoints/ directory.
+  std::string copy(const std::string& name) const {
+    fs::copy(run.dir.str("base"), run.dir.str(name), fs::copy_options::recursive);
+    return run.dir.str(name) + "/checkpoints";
+  }
+  // Resumes run `name` to `num_steps`; returns the step reached.
+  int64_t resume(const std::string& name, int64_t num_steps, std::vector<std::string> extra = {}) const {
+    extra.push_back("train.num_steps=" + std::to_string(num_steps));
+    train::RunOptions o;
+    o.resume = true;
+    train::Trainer t(run.config(name, extra), o);
+    return t.run();
+  }
+  // The error of resuming run `name` in strict mode ("" if it resumes).
+  std::string strict_error(const std::string& name) const {
+    try {
+      resume(name, 6, {"checkpoint.resume_policy=strict"});
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+const Finished& finished() {
+  static Finished f;
+  return f;
+}
+
+// A float parameter of the tiny model and a same-size dtype label of the other kind or type.
+std::pair<std::string, std::string> relabel_of(const std::string& file, const std::string& name) {
+  const auto dtype = io::SafetensorsFile(file).info(name).dtype;
+  if (dtype == "F32") return {"F32", "I32"};
+  REQUIRE(dtype == "BF16");
+  return {"BF16", "F16"};
+}
+
+void check_verifies(const std::string& dir) {
+  const auto m = io::read_manifest(dir);
+  REQUIRE(m);
+  io::check_manifest(dir, *m);
+  io::verify_contents(dir, m);
+}
+
+}  // namespace
+
+TEST_CASE("resume: a dtype relabelled in the newest model.safetensors is refused, naming file and tensor",
+          "[integration][train][checkpoint]") {
+  const auto& f = finished();
+  const auto ck = f.copy("relabel");
+  const auto model = ck + "/6/model.safetensors";
+  const std::string name = "action_in_proj.weight";
+  const auto [from, to] = relabel_of(model, name);
+  testing::relabel_dtype(model, name, from, to);
+  CHECK_THAT(f.strict_error("relabel"), Contains(model) && Contains("'" + name + "'") && Contains("stored as") &&
+                                            Contains("resume_policy=strict"));
+  // Without a manifest (so only the dtype rule can catch it) the message is the same.
+  fs::remove(ck + "/6/manifest.json");
+  try {
+    f.resume("relabel", 6, {"checkpoint.resume_policy=newest_verified"});
+    FAIL("resumed from a relabelled checkpoint");
+  } catch (const UserError& e) {
+    CHECK_THAT(e.what(), Contains(model) && Contains("'" + name + "'") && Contains("stored as"));
+  }
+}
+
+TEST_CASE("resume: a flipped bit, an older model file, an edited trainer_state.json are named (strict)",
+          "[integration][train][checkpoint]") {
+  const auto& f = finished();
+  SECTION("flipped data bit") {
+    const auto ck = f.copy("bit");
+    io::SafetensorsFile opt(ck + "/6/optimizer.safetensors");
+    const auto tensor = opt.names().back();
+    testing::flip_data_bit(ck + "/6/optimizer.safetensors", tensor);
+    CHECK_THAT(f.strict_error("bit"), Contains(ck + "/6/optimizer.safetensors") && Contains("contents differ"));
+  }
+  SECTION("model.safetensors copied from an older step") {
+    const auto ck = f.copy("older");
+    fs::copy_file(ck + "/3/model.safetensors", ck + "/6/model.safetensors", fs::copy_options::overwrite_existing);
+    CHECK_THAT(f.strict_error("older"),
+               Contains(ck + "/6/model.safetensors") && Contains("holds the state of step 3"));
+  }
+  SECTION("trainer_state.json claiming step 999") {
+    const auto ck = f.copy("state");
+    std::string text = testing::read_bytes(ck + "/6/trainer_state.json");
+    const auto at = text.find("\"step\": 6");
+    REQUIRE(at != std::string::npos);
+    text.replace(at, 9, "\"step\": 999");
+    testing::write_bytes(ck + "/6/trainer_state.json", text);
+    CHECK_THAT(f.strict_error("state"), Contains("trainer_state.json") && Contains("says step 999"));
+  }
+}
+
+TEST_CASE("resume: NaN in the weights or the optimizer state is named at load, not at the first step",
+          "[integration][train][checkpoint]") {
+  const auto& f = finished();
+  SECTION("weights") {
+    const auto ck = f.copy("nan_w");
+    testing::write_nan(ck + "/6/model.safetensors", "action_out_proj.weight", 1);
+    CHECK_THAT(f.strict_error("nan_w"), Contains(ck + "/6/model.safetensors") &&
+                                            Contains("'action_out_proj.weight'") && Contains("non-finite"));
+  }
+  SECTION("optimizer state, in a checkpoint from before manifests") {
+    const auto ck = f.copy("nan_o");
+    fs::remove(ck + "/6/manifest.json");
+    const std::string key = "action_out_proj.weight.exp_avg_sq";
+    testing::write_nan(ck + "/6/optimizer.safetensors", key);
+    try {
+      f.resume("nan_o", 6, {"checkpoint.resume_policy=newest_verified"});
+    } catch (const UserError&) {
+      FAIL("expected a fallback to step 3");
+    }
+    // Fell back to step 3, trained to 6 again; the NaN checkpoint was set aside, not overwritten.
+    CHECK(fs::exists(ck + "/6.unverified/optimizer.safetensors"));
+    CHECK_THROWS_WITH(io::verify_contents(ck + "/6.unverified", std::nullopt),
+                      Contains("'" + key + "'") && Contains("non-finite"));
+    CHECK_NOTHROW(check_verifies(ck + "/6"));
+  }
+}
+
+TEST_CASE("resume falls back to the newest checkpoint that verifies and leaves the bad one untouched",
+          "[integration][train][checkpoint]") {
+  const auto& f = finished();
+  const auto ck = f.copy("fallback");
+  testing::flip_data_bit(ck + "/6/model.safetensors", "action_in_proj.weight");
+  std::map<std::string, std::string> before;
+  for (const auto& e : fs::recursive_directory_iterator(ck + "/6"))
+    if (e.is_regular_file()) before[e.path().string()] = testing::read_bytes(e.path().string());
+  CHECK(f.resume("fallback", 3) == 3);  // resumed at step 3: nothing left to do
+  std::map<std::string, std::string> after;
+  for (const auto& e : fs::recursive_directory_iterator(ck + "/6"))
+    if (e.is_regular_file()) after[e.path().string()] = testing::read_bytes(e.path().string());
+  CHECK(before == after);
+  CHECK(train::complete_checkpoints(fs::path(ck).parent_path().string()) == std::vector<int64_t>{3, 6});
+  // Strict mode refuses instead.
+  CHECK_THAT(f.strict_error("fallback"), Contains(ck + "/6") && Contains("does not verify") &&
+                                             Contains("not falling back"));
+}
+
+TEST_CASE("keep_last rotation keeps a verified checkpoint, and a bad one is never overwritten",
+          "[integration][train][checkpoint]") {
+  const auto& f = finished();
+  const auto ck = f.copy("rotate");
+  const auto run_dir = fs::path(ck).parent_path().string();
+  testing::flip_data_bit(ck + "/6/optimizer.safetensors", io::SafetensorsFile(ck + "/6/optimizer.safetensors").names()[0]);
+  const auto bad_bytes = testing::read_bytes(ck + "/6/optimizer.safetensors");
+  // keep_last=1 used to keep only the newest (the bad step 6) and delete every checkpoint this run wrote.
+  CHECK(f.resume("rotate", 5, {"checkpoint.save_interval=1", "checkpoint.keep_last=1"}) == 5);
+  CHECK(train::complete_checkpoints(run_dir) == std::vector<int64_t>{5, 6});
+  CHECK_NOTHROW(check_verifies(ck + "/5"));
+  CHECK(testing::read_bytes(ck + "/6/optimizer.safetensors") == bad_bytes);
+  // Reaching step 6 again: the new checkpoint does not replace the bad one, which is kept aside.
+  CHECK(f.resume("rotate", 6, {"checkpoint.save_interval=1", "checkpoint.keep_last=1"}) == 6);
+  CHECK(testing::read_bytes(ck + "/6.unverified/optimizer.safetensors") == bad_bytes);
+  CHECK_NOTHROW(check_verifies(ck + "/6"));
+  CHECK(train::complete_checkpoints(run_dir) == std::vector<int64_t>{6});
+}
+
+TEST_CASE("a checkpoint from before manifests resumes with a warning, strict mode refuses it",
+          "[integration][train][checkpoint]") {
+  const auto& f = finished();
+  const auto ck = f.copy("legacy");
+  fs::remove(ck + "/6/manifest.json");
+  CHECK_THAT(f.strict_error("legacy"), Contains(ck + "/6/manifest.json") && Contains("cannot be verified") &&
+                                           Contains("resume_policy"));
+  CHECK(f.resume("legacy", 6) == 6);  // resumed at step 6, unverified
+}
+
+TEST_CASE("a save that fails (disk full) leaves no .tmp directory and the older checkpoints intact",
+          "[integration][train][checkpoint]") {
+  const auto& f = finished();
+  const auto ck = f.copy("full");
+  train::RunOptions o;
+  o.resume = true;
+  train::Trainer t(f.run.config("full", {"train.num_steps=6"}), o);
+  REQUIRE(t.run() == 6);
+  // A file size limit makes write() fail with EFBIG, as a full disk fails it with ENOSPC.
+  struct rlimit old {};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  auto* old_handler = ::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 16 << 10;
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &small) == 0);
+  std::string error;
+  try {
+    t.save_checkpoint();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  ::signal(SIGXFSZ, old_handler);
+  CHECK_THAT(error, Contains("write failed"));
+  for (const auto& e : fs::directory_iterator(ck)) CHECK(e.path().filename().string().rfind(".tmp", 0) != 0);
+  CHECK(train::complete_checkpoints(fs::path(ck).parent_path().string()) == std::vector<int64_t>{3, 6});
+  CHECK_NOTHROW(check_verifies(ck + "/6"));
+}
