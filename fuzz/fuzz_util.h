@@ -16,11 +16,15 @@
 
 namespace pi0::fuzz {
 
-/// A per-process scratch directory (tmpfs when there is one), removed at exit.
+/// A per-process scratch directory under $PI0_FUZZ_SCRATCH (scripts/fuzz.sh removes it after each target: libFuzzer
+/// may end with _Exit, skipping atexit), else tmpfs when there is one; removed at a normal exit too.
 inline const std::filesystem::path& scratch_dir() {
   static const std::filesystem::path dir = [] {
+    const char* env = std::getenv("PI0_FUZZ_SCRATCH");
     const char* shm = "/dev/shm";
-    const std::filesystem::path base = std::filesystem::is_directory(shm) ? shm : std::filesystem::temp_directory_path();
+    const std::filesystem::path base = env && *env                          ? std::filesystem::path(env)
+                                       : std::filesystem::is_directory(shm) ? std::filesystem::path(shm)
+                                                                            : std::filesystem::temp_directory_path();
     auto d = base / ("pi0_fuzz_" + std::to_string(::getpid()));
     std::filesystem::create_directories(d);
     std::atexit([] {
