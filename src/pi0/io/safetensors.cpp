@@ -390,15 +390,22 @@ void SafetensorsFile::read_into_many(const std::vector<std::pair<std::string, to
 
   // A reader thread pread()s the chunks, in file order, into a ring of staging buffers while this thread copies
   // (or converts) the previous ones into their destinations, so the disk never waits for the conversion and the
-  // conversion never waits for page faults: large sequential reads run at the disk's speed (the mapping's
-  // page-by-page faults managed about half of it, measured in docs/benchmarks.md), and the resident set grows by
-  // the ring (kRingSlots chunks), not the file. Small reads of many little tensors are merged by the kernel's
+  // conversion never waits for page faults, and the resident set grows by the ring (kRingSlots chunks), not the
+  // file. Chunks of 1 MiB and more are read with O_DIRECT (whole 4 KiB blocks around the chunk, straight from the
+  // disk into the buffer): on the benchmark machine buffered reads of a cold file reached only 0.35-0.6x of the
+  // disk's O_DIRECT speed, page-cache insertion being the limit (docs/benchmarks.md). Small tensors, foreign
+  // files with unaligned tensors, and file systems without O_DIRECT use buffered pread() with the kernel's
   // read-ahead (POSIX_FADV_SEQUENTIAL, set by AccessPattern::kSequential).
   constexpr size_t kRingSlots = 3;
-  std::vector<torch::Tensor> ring;  // torch's CPU allocator aligns to 64 bytes: right for every element type
+  constexpr uint64_t kBlock = 4096, kDirectMin = 1ull << 20;
+  std::vector<torch::Tensor> ring;
+  std::vector<char*> slots;  // 4 KiB-aligned inside each ring tensor, with a block of slack at either end
   for (size_t i = 0; i < std::min(kRingSlots, jobs.size()); ++i) {
-    ring.push_back(torch::empty({static_cast<int64_t>(slot_bytes)}, torch::kUInt8));
+    ring.push_back(torch::empty({static_cast<int64_t>(slot_bytes + 3 * kBlock)}, torch::kUInt8));
+    const auto base = reinterpret_cast<uintptr_t>(ring.back().data_ptr());
+    slots.push_back(reinterpret_cast<char*>((base + kBlock - 1) / kBlock * kBlock));
   }
+  std::vector<uint64_t> staged_at(jobs.size(), 0);  // where job j's first byte lies in its slot
 
   std::mutex mutex;
   std::condition_variable cv;
@@ -406,6 +413,20 @@ void SafetensorsFile::read_into_many(const std::vector<std::pair<std::string, to
   bool stop = false;
   std::exception_ptr read_error;
   const int fd = mapping_->fd;
+  FdGuard direct{jobs.empty() ? -1 : ::open(path_.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC)};
+  auto read_fully = [&](int from, char* out, uint64_t offset, uint64_t want, uint64_t need, const Job& job) {
+    uint64_t have = 0;
+    while (have < need) {
+      const ssize_t n = ::pread(from, out + have, want - have, static_cast<off_t>(offset + have));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return errno;
+      if (n == 0) {
+        throw UserError(path_ + ": file ended early while reading '" + job.request->first + "' (truncated while open?)");
+      }
+      have += static_cast<uint64_t>(n);
+    }
+    return 0;
+  };
   auto reader = [&] {
     try {
       for (size_t j = 0; j < jobs.size(); ++j) {
@@ -418,16 +439,23 @@ void SafetensorsFile::read_into_many(const std::vector<std::pair<std::string, to
         if (job.count >= 0) {  // (a non-contiguous destination is copied from the mapping by the consumer)
           const TensorInfo& ti = info(job.request->first);
           const uint64_t elem = c10::elementSize(ti.scalar_type);
-          char* out = static_cast<char*>(ring[j % ring.size()].data_ptr());
-          uint64_t offset = data_start_ + ti.data_begin + static_cast<uint64_t>(job.begin) * elem;
-          uint64_t left = static_cast<uint64_t>(job.count) * elem;
-          while (left > 0) {
-            const ssize_t n = ::pread(fd, out, left, static_cast<off_t>(offset));
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) throw UserError(path_ + ": read failed (" + errno_text(errno) + ")");
-            if (n == 0) throw UserError(path_ + ": file ended early while reading '" + job.request->first +
-                                        "' (truncated while open?)");
-            out += n, offset += static_cast<uint64_t>(n), left -= static_cast<uint64_t>(n);
+          char* slot = slots[j % slots.size()];
+          const uint64_t offset = data_start_ + ti.data_begin + static_cast<uint64_t>(job.begin) * elem;
+          const uint64_t len = static_cast<uint64_t>(job.count) * elem;
+          int err = -1;
+          if (direct.fd >= 0 && len >= kDirectMin && offset % elem == 0) {
+            const uint64_t lo = offset / kBlock * kBlock, hi = (offset + len + kBlock - 1) / kBlock * kBlock;
+            err = read_fully(direct.fd, slot, lo, hi - lo, offset + len - lo, job);
+            if (err == 0) staged_at[j] = offset - lo;
+            if (err == EINVAL) {  // no O_DIRECT here after all (some file systems): buffered from now on
+              ::close(direct.fd);
+              direct.fd = -1;
+            }
+          }
+          if (err != 0) {
+            staged_at[j] = 0;
+            err = read_fully(fd, slot, offset, len, len, job);
+            if (err != 0) throw UserError(path_ + ": read failed (" + errno_text(err) + ")");
           }
         }
         std::lock_guard<std::mutex> lock(mutex);
@@ -482,7 +510,7 @@ void SafetensorsFile::read_into_many(const std::vector<std::pair<std::string, to
         const uintptr_t hi = (reinterpret_cast<uintptr_t>(dst_chunk) + job.count * dst_elem) / page * page;
         if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE);
       }
-      void* staged = ring[j % ring.size()].data_ptr();
+      void* staged = slots[j % slots.size()] + staged_at[j];
       if (dst.device().is_cpu() && dst.scalar_type() == ti.scalar_type && !dst.is_conj() && !dst.is_neg()) {
         std::memcpy(dst_chunk, staged, static_cast<size_t>(job.count * dst_elem));
         if (job.begin + job.count == ti.numel()) dst.unsafeGetTensorImpl()->bump_version();  // memcpy bypassed it
