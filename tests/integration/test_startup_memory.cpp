@@ -216,8 +216,11 @@ TEST_CASE("memory: a resume allocates no more than a fresh start and a bf16 expo
     resume_peak = peak.peak();
   }
   INFO("fresh " << fresh_peak << " B, resume " << resume_peak << " B, parameters " << model_bytes << " B");
-  // Reading the optimizer file whole (two float32 copies of the model) would add 2x the parameters.
-  CHECK(resume_peak <= fresh_peak + model_bytes / 4);
+  // Reading the optimizer file whole (two float32 copies of the model) would add 2x the parameters. Loading
+  // stages through SafetensorsFile::read_into_many's ring: three chunks, each at most the largest tensor (plus
+  // 12 KiB of O_DIRECT alignment slack), which at this tiny size is not negligible.
+  const int64_t ring = 3 * (largest + 3 * 4096);
+  CHECK(resume_peak <= fresh_peak + model_bytes / 4 + ring);
   CHECK(fresh_peak >= 3 * model_bytes);  // parameters + AdamW's two moments at least: the measure is real
 
   // Export to bf16: the float32 model plus about one converted tensor, not a converted copy of everything.
@@ -233,7 +236,7 @@ TEST_CASE("memory: a resume allocates no more than a fresh start and a bf16 expo
   INFO("export " << export_peak << " B, largest tensor " << largest << " B");
   // Converting everything up front would add half the model (bf16) at once.
   REQUIRE(largest < model_bytes / 3);
-  CHECK(export_peak <= model_bytes + largest);
+  CHECK(export_peak <= model_bytes + largest + ring);
   CHECK(export_peak >= model_bytes / 2);
 }
 
