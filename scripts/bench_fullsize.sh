@@ -34,10 +34,13 @@ common=(--config "$CFG" --set train.device=cpu --set train.batch_size=1 --set tr
         --set data.norm_stats="$WORK/data/norm_stats.json" --set data.tokenizer=data/tokenizer/tiny_spm.model
         --set data.num_workers=1)
 
-predict() {  # preset: steady-state prediction of --print-params (weights + optimizer + EMA + grads)
+predict() {  # preset: --print-params' plan (persistent state + cast cache + activations at the step's peak)
   "$BUILD/pi0-train" "${common[@]}" --set train.freeze="$1" --print-params --json |
-    python3 -c 'import json,sys; t=json.load(sys.stdin)["total"]; print("  predicted %.2f GiB (weights %.2f)" % (sum(t[k] for k in ("weight_bytes","grad_bytes","optimizer_bytes","ema_bytes"))/2**30, t["weight_bytes"]/2**30))'
+    python3 -c 'import json,sys; j=json.load(sys.stdin); t=j["total"]; print("  predicted peak %.2f GiB (persistent %.2f, of which weights %.2f and casts %.2f; activations %.2f + %.2f transient)" % (j["peak_bytes"]/2**30, t["memory_bytes"]/2**30, t["weight_bytes"]/2**30, t["cast_bytes"]/2**30, j["activation_bytes"]/2**30, j["activation_transient_bytes"]/2**30))'
 }
+
+# Load and save against the raw disk on one ~3.5 GB file, page cache evicted (bench_safetensors_load --cold).
+"$BUILD/bench_safetensors_load" --cold --size-gb 3.5 --repeat 3 --path "$WORK/bench_cold.safetensors"
 
 # 0. Base weights (random, float32) and the raw disk speed for a file of the same size.
 measure base "$BUILD/pi0-train" "${common[@]}" --set train.freeze=projection-only --set train.precision=float32 \

@@ -33,21 +33,36 @@ struct Args {
 };
 
 int print_params(const pi0::config::Config& cfg, const Args& args) {
-  const auto b = pi0::train::planned_breakdown(cfg);
+  const auto env = pi0::dist::dist_env_from_environment();
+  const auto plan = pi0::train::plan_memory(cfg, env.world_size);
+  const auto& b = plan.params;
   // A model built from scratch draws its random initialization in float32 before converting what is stored
   // narrower: that transient is the start-up peak. Weights from a file are created in their storage dtype.
   const bool from_file = !cfg.checkpoint.init_weights.empty() || args.resume;
   const int64_t startup_peak = from_file ? 0 : b.total.total * 4;  // before the optimizer state exists
+  const int64_t peak = std::max(startup_peak, plan.peak_bytes());
   if (args.json) {
     auto j = pi0::train::breakdown_json(b);
     j["startup_peak_bytes"] = std::max(startup_peak, b.total.memory_bytes() - b.total.grad_bytes);
+    j["micro_batch"] = plan.micro_batch;
+    j["activation_bytes"] = plan.activations.saved;
+    j["activation_transient_bytes"] = plan.activations.transient;
+    j["peak_bytes"] = peak;
     std::cout << j.dump(2) << "\n";
   } else {
+    auto gib = [](int64_t n) { return static_cast<double>(n) / (1ull << 30); };
     std::cout << pi0::train::format_breakdown(b);
-    if (startup_peak > b.total.memory_bytes() - b.total.grad_bytes) {
+    std::printf("activations (micro-batch %lld, %lld cameras, %s, gradient checkpointing %s): %.2f GiB kept "
+                "for backward + %.2f GiB transient\n",
+                static_cast<long long>(plan.micro_batch), static_cast<long long>(plan.num_cameras),
+                cfg.train.precision.c_str(), cfg.train.gradient_checkpointing ? "on" : "off",
+                gib(plan.activations.saved), gib(plan.activations.transient));
+    std::printf("predicted training peak: %.2f GiB (+ the process runtime: libraries, data loader)\n",
+                gib(plan.peak_bytes()));
+    if (startup_peak > plan.peak_bytes()) {
       std::printf("start-up peak: %.2f GiB (random initialization in float32; set checkpoint.init_weights to "
                   "build directly in the storage dtypes)\n",
-                  static_cast<double>(startup_peak) / (1ull << 30));
+                  gib(startup_peak));
     }
   }
   return 0;

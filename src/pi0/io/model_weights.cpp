@@ -46,7 +46,8 @@ struct Source {
   std::map<std::string, std::string> file_name;   // normalized → original name in the file
   std::function<std::vector<int64_t>(const std::string&)> shape;
   std::function<torch::ScalarType(const std::string&)> dtype;
-  std::function<void(const std::string&, const torch::Tensor&)> read_into;
+  /// Copies every (file name, destination) pair; the order is up to the source (a file reads in file order).
+  std::function<void(const std::vector<std::pair<std::string, torch::Tensor>>&)> read_into;
 };
 
 LoadReport load_from(model::Pi0Impl& model, const Source& src, const std::string& source,
@@ -63,6 +64,7 @@ LoadReport load_from(model::Pi0Impl& model, const Source& src, const std::string
     return "";
   };
   std::vector<std::string> mismatched;
+  std::vector<std::pair<std::string, torch::Tensor>> reads;  // (file name, parameter), read once all are checked
   torch::NoGradGuard no_grad;
   for (auto& item : model.named_parameters()) {
     const auto& name = item.key();
@@ -96,7 +98,7 @@ LoadReport load_from(model::Pi0Impl& model, const Source& src, const std::string
                            : "a floating-point type for parameter '" + name + "' (integer and bool tensors never "
                              "fill float parameters)"));
     }
-    src.read_into(from, param);
+    reads.emplace_back(from, param);
     report.loaded.push_back(name);
   }
   for (const auto& n : src.names) {
@@ -116,6 +118,7 @@ LoadReport load_from(model::Pi0Impl& model, const Source& src, const std::string
     msg += " check model.type and the variants in the config";
     throw UserError(msg);
   }
+  src.read_into(reads);
   return report;
 }
 
@@ -139,15 +142,18 @@ LoadReport load_model_weights(model::Pi0Impl& model, const std::string& path, co
   const uint64_t total = file.file_size();
   uint64_t done = 0, next_report = 2ull << 30;
   const auto t0 = std::chrono::steady_clock::now();
-  src.read_into = [&](const std::string& n, const torch::Tensor& dst) {
-    file.read_into(src.file_name.at(n), dst);
-    file.release(src.file_name.at(n));
-    done += file.info(src.file_name.at(n)).nbytes();
-    if (done >= next_report && done < total) {
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      spdlog::info("loading {}: {:.1f}/{:.1f} GB ({:.2f} GB/s)", path, done / 1e9, total / 1e9, done / 1e9 / s);
-      while (next_report <= done) next_report += 2ull << 30;
-    }
+  src.read_into = [&](const std::vector<std::pair<std::string, torch::Tensor>>& reads) {
+    std::vector<std::pair<std::string, torch::Tensor>> in_file;
+    for (const auto& [n, dst] : reads) in_file.emplace_back(src.file_name.at(n), dst);
+    file.read_into_many(in_file, [&](const std::string&, uint64_t bytes) {
+      interruption_point();  // a stop during a multi-GB load ends it within one chunk (the reader is joined)
+      done += bytes;
+      if (done >= next_report && done < total) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        spdlog::info("loading {}: {:.1f}/{:.1f} GB ({:.2f} GB/s)", path, done / 1e9, total / 1e9, done / 1e9 / s);
+        while (next_report <= done) next_report += 2ull << 30;
+      }
+    });
   };
   std::map<std::string, std::string> aliases;
   for (const auto& [k, v] : file.metadata()) {
@@ -166,7 +172,9 @@ LoadReport load_named_weights(model::Pi0Impl& model, const std::map<std::string,
   for (const auto& [n, t] : tensors) src.names.push_back(n);
   src.shape = [&](const std::string& n) { return tensors.at(n).sizes().vec(); };
   src.dtype = [&](const std::string& n) { return tensors.at(n).scalar_type(); };
-  src.read_into = [&](const std::string& n, const torch::Tensor& dst) { dst.copy_(tensors.at(n)); };
+  src.read_into = [&](const std::vector<std::pair<std::string, torch::Tensor>>& reads) {
+    for (const auto& [n, dst] : reads) dst.copy_(tensors.at(n));
+  };
   return load_from(model, src, source, {}, options);
 }
 

@@ -8,6 +8,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -119,11 +123,13 @@ int64_t TensorInfo::numel() const {
 struct SafetensorsFile::Mapping {
   char* addr = nullptr;
   size_t length = 0;
+  int fd = -1;  // kept open for read_into's pread() path
   Mapping() = default;
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
   ~Mapping() {
     if (addr) ::munmap(addr, length);
+    if (fd >= 0) ::close(fd);
   }
 };
 
@@ -146,6 +152,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path, AccessPattern access) 
   if (addr == MAP_FAILED) throw UserError(path + ": mmap failed (" + errno_text(errno) + ")");
   mapping->addr = static_cast<char*>(addr);
   mapping->length = size;
+  mapping->fd = fd.fd;
+  fd.fd = -1;  // owned by the mapping from here on
   mapping_ = mapping;
 
   uint64_t header_len = 0;
@@ -164,6 +172,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path, AccessPattern access) 
   // Read-ahead hint for the tensor data only; the header has already been read.
   if (access == AccessPattern::kSequential) {
     ::madvise(mapping->addr, mapping->length, MADV_SEQUENTIAL);  // a hint: failure changes nothing but speed
+    ::posix_fadvise(mapping->fd, 0, 0, POSIX_FADV_SEQUENTIAL);    // for read_into's pread() (larger read-ahead)
   }
 }
 
@@ -335,76 +344,191 @@ torch::Tensor SafetensorsFile::get_copy(const std::string& name, std::optional<t
 }
 
 void SafetensorsFile::read_into(const std::string& name, const torch::Tensor& dst, uint64_t chunk_bytes) const {
-  const TensorInfo& ti = info(name);
-  PI0_CHECK(dst.defined(), "read_into: undefined destination for '", name, "'");
-  if (dst.sizes() != torch::IntArrayRef(ti.shape)) {
-    throw UserError(path_ + ": tensor '" + name + "' has shape " + c10::str(torch::IntArrayRef(ti.shape)) +
-                    ", but the destination has shape " + c10::str(dst.sizes()));
-  }
-  if (ti.nbytes() == 0) return;
+  read_into_many({{name, dst}}, {}, chunk_bytes);
+}
 
-  // Copy out of the mapping in chunks of the flat element range and release each chunk once copied, so the mapped
-  // part of the resident set stays near chunk_bytes however large the tensor (an embedding table is ~0.5 GB).
-  // NOTE: pread() straight into the destination was measured too (bench/bench_safetensors_load.cpp): it never maps
-  // the pages, but its in-kernel copy runs at ~5 GB/s against ~9 GB/s for memcpy from the mapping when the
-  // destination already exists, which is the model-loading case.
-  torch::NoGradGuard no_grad;  // dst is typically a parameter that requires grad
-  const torch::Tensor src = get(name);
-  if (!dst.is_contiguous() || chunk_bytes == 0) {
-    dst.copy_(src);
-    release(name);
-    return;
+void SafetensorsFile::read_into_many(const std::vector<std::pair<std::string, torch::Tensor>>& requests,
+                                     const std::function<void(const std::string&, uint64_t)>& on_done,
+                                     uint64_t chunk_bytes) const {
+  // Validate every request before reading anything.
+  for (const auto& [name, dst] : requests) {
+    const TensorInfo& ti = info(name);
+    PI0_CHECK(dst.defined(), "read_into: undefined destination for '", name, "'");
+    if (dst.sizes() != torch::IntArrayRef(ti.shape)) {
+      throw UserError(path_ + ": tensor '" + name + "' has shape " + c10::str(torch::IntArrayRef(ti.shape)) +
+                      ", but the destination has shape " + c10::str(dst.sizes()));
+    }
   }
-  const bool raw_copy = dst.device().is_cpu() && dst.scalar_type() == ti.scalar_type && !dst.is_conj() &&
-                        !dst.is_neg();
-  const int64_t numel = src.numel();
-  const auto src_elem = static_cast<int64_t>(src.element_size());
-  const auto dst_elem = static_cast<int64_t>(dst.element_size());
-  const int64_t chunk_elems = std::max<int64_t>(1, static_cast<int64_t>(chunk_bytes) / src_elem);
-  const torch::Tensor src_flat = src.view({-1});
-  const torch::Tensor dst_flat = dst.view({-1});
+  torch::NoGradGuard no_grad;  // destinations are typically parameters that require grad
+  // File order, so the disk sees one sequential stream whatever order the model lists its parameters in.
+  std::vector<const std::pair<std::string, torch::Tensor>*> order;
+  for (const auto& r : requests) order.push_back(&r);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const auto* a, const auto* b) { return info(a->first).data_begin < info(b->first).data_begin; });
+
+  // One job per chunk of a streamed tensor: (request, first element, element count). A destination that is not
+  // contiguous is copied from the mapping in one piece instead (never the case for parameters or optimizer state).
+  struct Job {
+    const std::pair<std::string, torch::Tensor>* request;
+    int64_t begin, count;
+  };
+  std::vector<Job> jobs;
+  uint64_t slot_bytes = 64;  // the largest streamed chunk
+  const uint64_t chunk = std::max<uint64_t>(chunk_bytes, 64);
+  for (const auto* r : order) {
+    const TensorInfo& ti = info(r->first);
+    if (ti.nbytes() == 0) continue;
+    if (!r->second.is_contiguous()) {
+      jobs.push_back({r, 0, -1});
+      continue;
+    }
+    const auto elem = static_cast<int64_t>(c10::elementSize(ti.scalar_type));
+    const int64_t per_chunk = std::max<int64_t>(1, static_cast<int64_t>(chunk) / elem);
+    for (int64_t b = 0; b < ti.numel(); b += per_chunk) {
+      jobs.push_back({r, b, std::min(per_chunk, ti.numel() - b)});
+      slot_bytes = std::max<uint64_t>(slot_bytes, static_cast<uint64_t>(jobs.back().count * elem));
+    }
+  }
+
+  // A reader thread pread()s the chunks, in file order, into a ring of staging buffers while this thread copies
+  // (or converts) the previous ones into their destinations, so the disk never waits for the conversion and the
+  // conversion never waits for page faults, and the resident set grows by the ring (kRingSlots chunks), not the
+  // file. Chunks of 1 MiB and more are read with O_DIRECT (whole 4 KiB blocks around the chunk, straight from the
+  // disk into the buffer): on the benchmark machine buffered reads of a cold file reached only 0.35-0.6x of the
+  // disk's O_DIRECT speed, page-cache insertion being the limit (docs/benchmarks.md). Small tensors, foreign
+  // files with unaligned tensors, and file systems without O_DIRECT use buffered pread() with the kernel's
+  // read-ahead (POSIX_FADV_SEQUENTIAL, set by AccessPattern::kSequential).
+  constexpr size_t kRingSlots = 3;
+  constexpr uint64_t kBlock = 4096, kDirectMin = 1ull << 20;
+  std::vector<torch::Tensor> ring;
+  std::vector<char*> slots;  // 4 KiB-aligned inside each ring tensor, with a block of slack at either end
+  for (size_t i = 0; i < std::min(kRingSlots, jobs.size()); ++i) {
+    ring.push_back(torch::empty({static_cast<int64_t>(slot_bytes + 3 * kBlock)}, torch::kUInt8));
+    const auto base = reinterpret_cast<uintptr_t>(ring.back().data_ptr());
+    slots.push_back(reinterpret_cast<char*>((base + kBlock - 1) / kBlock * kBlock));
+  }
+  std::vector<uint64_t> staged_at(jobs.size(), 0);  // where job j's first byte lies in its slot
+
+  std::mutex mutex;
+  std::condition_variable cv;
+  size_t produced = 0, consumed = 0;  // jobs read into the ring / copied out of it
+  bool stop = false;
+  std::exception_ptr read_error;
+  const int fd = mapping_->fd;
+  FdGuard direct{jobs.empty() ? -1 : ::open(path_.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC)};
+  auto read_fully = [&](int from, char* out, uint64_t offset, uint64_t want, uint64_t need, const Job& job) {
+    uint64_t have = 0;
+    while (have < need) {
+      const ssize_t n = ::pread(from, out + have, want - have, static_cast<off_t>(offset + have));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return errno;
+      if (n == 0) {
+        throw UserError(path_ + ": file ended early while reading '" + job.request->first + "' (truncated while open?)");
+      }
+      have += static_cast<uint64_t>(n);
+    }
+    return 0;
+  };
+  auto reader = [&] {
+    try {
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          cv.wait(lock, [&] { return stop || j - consumed < ring.size(); });
+          if (stop) return;
+        }
+        const Job& job = jobs[j];
+        if (job.count >= 0) {  // (a non-contiguous destination is copied from the mapping by the consumer)
+          const TensorInfo& ti = info(job.request->first);
+          const uint64_t elem = c10::elementSize(ti.scalar_type);
+          char* slot = slots[j % slots.size()];
+          const uint64_t offset = data_start_ + ti.data_begin + static_cast<uint64_t>(job.begin) * elem;
+          const uint64_t len = static_cast<uint64_t>(job.count) * elem;
+          int err = -1;
+          if (direct.fd >= 0 && len >= kDirectMin && offset % elem == 0) {
+            const uint64_t lo = offset / kBlock * kBlock, hi = (offset + len + kBlock - 1) / kBlock * kBlock;
+            err = read_fully(direct.fd, slot, lo, hi - lo, offset + len - lo, job);
+            if (err == 0) staged_at[j] = offset - lo;
+            if (err == EINVAL) {  // no O_DIRECT here after all (some file systems): buffered from now on
+              ::close(direct.fd);
+              direct.fd = -1;
+            }
+          }
+          if (err != 0) {
+            staged_at[j] = 0;
+            err = read_fully(fd, slot, offset, len, len, job);
+            if (err != 0) throw UserError(path_ + ": read failed (" + errno_text(err) + ")");
+          }
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        ++produced;
+        cv.notify_all();
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex);
+      read_error = std::current_exception();
+      cv.notify_all();
+    }
+  };
+  std::thread thread(reader);
+  // Stops and joins the reader however this function exits (a failing copy_ must not leave it running).
+  struct Join {
+    std::thread& thread;
+    std::mutex& mutex;
+    std::condition_variable& cv;
+    bool& stop;
+    ~Join() {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        stop = true;
+      }
+      cv.notify_all();
+      thread.join();
+    }
+  } join{thread, mutex, cv, stop};
+
   const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  // Whole pages inside [lo, hi): rounding inward never touches memory outside the range.
-  auto inner_pages = [page](const char* lo, const char* hi) -> std::pair<void*, size_t> {
-    const uintptr_t a = (reinterpret_cast<uintptr_t>(lo) + page - 1) / page * page;
-    const uintptr_t b = reinterpret_cast<uintptr_t>(hi) / page * page;
-    return {reinterpret_cast<void*>(a), b > a ? b - a : 0};
-  };
-  char* const src_base = static_cast<char*>(src.data_ptr());
-  char* const dst_base = static_cast<char*>(dst.data_ptr());
-  const bool src_is_mapping = src_base == mapping_->addr + data_start_ + ti.data_begin;  // else an aligned copy
-  // Ask the kernel to read a chunk ahead (asynchronously) while the current one is copied or converted: page
-  // faults on a cold mapping otherwise read 128 KiB at a time, in the copying thread, far below the disk's speed.
-  auto read_ahead = [&](int64_t begin) {
-    if (!src_is_mapping || begin >= numel) return;
-    const int64_t n = std::min(chunk_elems, numel - begin);
-    const auto [addr, len] = inner_pages(src_base + begin * src_elem, src_base + (begin + n) * src_elem);
-    if (len > 0) ::madvise(addr, len, MADV_WILLNEED);
-  };
-  read_ahead(0);
-  for (int64_t begin = 0; begin < numel; begin += chunk_elems) {
-    const int64_t n = std::min(chunk_elems, numel - begin);
-    read_ahead(begin + chunk_elems);
-    if (dst.device().is_cpu()) {
-      // Fault the destination chunk in with one call: a freshly allocated parameter otherwise takes one user-mode
-      // page fault per 4 KiB, which costs more than the copy itself (~1.7x faster measured). A hint: kernels
-      // before 5.14 reject it and the copy faults the pages in as usual.
-      const auto [addr, len] = inner_pages(dst_base + begin * dst_elem, dst_base + (begin + n) * dst_elem);
-      if (len > 0) ::madvise(addr, len, MADV_POPULATE_WRITE);
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      cv.wait(lock, [&] { return produced > j || read_error; });
+      if (produced <= j) std::rethrow_exception(read_error);
     }
-    if (raw_copy) {
-      std::memcpy(dst_base + begin * dst_elem, src_base + begin * src_elem, static_cast<size_t>(n * src_elem));
+    const Job& job = jobs[j];
+    const std::string& name = job.request->first;
+    const torch::Tensor& dst = job.request->second;
+    const TensorInfo& ti = info(name);
+    if (job.count < 0) {
+      dst.copy_(get(name));
+      release(name);
     } else {
-      dst_flat.narrow(0, begin, n).copy_(src_flat.narrow(0, begin, n));
+      const int64_t dst_elem = static_cast<int64_t>(dst.element_size());
+      char* const dst_chunk = static_cast<char*>(dst.data_ptr()) + job.begin * dst_elem;
+      if (dst.device().is_cpu()) {
+        // Fault the destination chunk in with one call: a freshly allocated parameter otherwise takes one
+        // user-mode page fault per 4 KiB, which costs more than the copy itself (~1.7x faster measured). A hint:
+        // kernels before 5.14 reject it and the copy faults the pages in as usual. Inward to whole pages.
+        const uintptr_t lo = (reinterpret_cast<uintptr_t>(dst_chunk) + page - 1) / page * page;
+        const uintptr_t hi = (reinterpret_cast<uintptr_t>(dst_chunk) + job.count * dst_elem) / page * page;
+        if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE);
+      }
+      void* staged = slots[j % slots.size()] + staged_at[j];
+      if (dst.device().is_cpu() && dst.scalar_type() == ti.scalar_type && !dst.is_conj() && !dst.is_neg()) {
+        std::memcpy(dst_chunk, staged, static_cast<size_t>(job.count * dst_elem));
+        if (job.begin + job.count == ti.numel()) dst.unsafeGetTensorImpl()->bump_version();  // memcpy bypassed it
+      } else {
+        dst.view({-1}).narrow(0, job.begin, job.count).copy_(
+            torch::from_blob(staged, {job.count}, torch::TensorOptions().dtype(ti.scalar_type)));
+      }
     }
-    if (src_is_mapping) {
-      // Inward, so the page straddling into the next chunk, still to be read, stays mapped.
-      const auto [addr, len] = inner_pages(src_base + begin * src_elem, src_base + (begin + n) * src_elem);
-      if (len > 0) ::madvise(addr, len, MADV_DONTNEED);
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++consumed;
     }
+    cv.notify_all();
+    const bool last_of_tensor = job.count < 0 || job.begin + job.count == ti.numel();
+    if (last_of_tensor && on_done) on_done(name, ti.nbytes());
   }
-  if (raw_copy) dst.unsafeGetTensorImpl()->bump_version();  // memcpy bypassed copy_'s version bump
-  release(name);  // the pages at the tensor's edges
 }
 
 void SafetensorsFile::release(const std::string& name) const {

@@ -5,7 +5,8 @@
 // (possibly padded with spaces), then the raw little-endian data buffer; offsets are relative to its start.
 //
 // Reading memory-maps the file and hands out tensors that view the mapping, so a 13 GB checkpoint is never held
-// twice: the only copy made is the one into the model's parameters (see docs/formats.md).
+// twice: the only copy made is the one into the model's parameters (see docs/formats.md). Whole models load
+// through read_into_many, which streams the file with large sequential reads instead of faulting the mapping in.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -84,11 +85,19 @@ class SafetensorsFile {
   torch::Tensor get_copy(const std::string& name, std::optional<torch::ScalarType> dtype = std::nullopt) const;
 
   /// Copies tensor `name` into `dst` (a parameter: same shape, any dtype or device; converted on the way, without
-  /// recording autograd history). This is the loading path to use for models: loading a whole checkpoint this way
-  /// keeps one copy of it resident: the tensor is copied from the mapping `chunk_bytes` at a time and each chunk's
-  /// pages are released once copied. Throws pi0::UserError if the shapes differ.
+  /// recording autograd history). Throws pi0::UserError if the shapes differ. See read_into_many.
   void read_into(const std::string& name, const torch::Tensor& dst, uint64_t chunk_bytes = kReadChunkBytes) const;
-  static constexpr uint64_t kReadChunkBytes = 64ull << 20;
+
+  /// Copies each (name, destination) pair as read_into does, reading the file in file order whatever the order of
+  /// `requests`: the loading path for whole models and optimizer state. The data is read with large sequential
+  /// pread() calls (`chunk_bytes` each) by a reader thread into a small ring of staging buffers while the calling
+  /// thread converts and copies the previous chunk, so loading runs at the disk's speed and the resident set grows
+  /// by three chunks, not by the file (nothing is mapped). `on_done(name, bytes)` is called after each tensor.
+  /// All shapes are checked before anything is read.
+  void read_into_many(const std::vector<std::pair<std::string, torch::Tensor>>& requests,
+                      const std::function<void(const std::string&, uint64_t)>& on_done = {},
+                      uint64_t chunk_bytes = kReadChunkBytes) const;
+  static constexpr uint64_t kReadChunkBytes = 16ull << 20;
 
   /// Drops this process's page-table references to the pages holding `name` (madvise MADV_DONTNEED). The data stays
   /// in the page cache and views stay valid (touching them faults the pages back in); the point is to keep the

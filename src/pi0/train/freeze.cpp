@@ -62,6 +62,20 @@ std::string gib(int64_t bytes) {
   return buf;
 }
 
+// Whether a parameter is one nn::Dense casts to the compute dtype (and caches): every layer weight, bias and
+// LoRA factor, including the adaRMS modulation (`...layernorm.dense.weight`), but not norm scales (applied in
+// float32), embedding tables (looked up, not cast) or the SigLIP patch convolution.
+bool casts_in_layers(const std::string& name) {
+  const auto dot = name.rfind('.');
+  if (dot == std::string::npos) return false;
+  const auto module_end = dot;
+  const auto module_begin = name.rfind('.', module_end - 1);
+  const auto module = name.substr(module_begin == std::string::npos ? 0 : module_begin + 1,
+                                  module_end - (module_begin == std::string::npos ? 0 : module_begin + 1));
+  return module.find("norm") == std::string::npos && module.find("embed") == std::string::npos &&
+         module != "lm_head";
+}
+
 nlohmann::json stats_json(const ComponentStats& s) {
   return {{"total", s.total},
           {"trainable", s.trainable},
@@ -71,6 +85,7 @@ nlohmann::json stats_json(const ComponentStats& s) {
           {"grad_bytes", s.grad_bytes},
           {"optimizer_bytes", s.optimizer_bytes},
           {"ema_bytes", s.ema_bytes},
+          {"cast_bytes", s.cast_bytes},
           {"memory_bytes", s.memory_bytes()}};
 }
 
@@ -152,8 +167,8 @@ ParamBreakdown breakdown(const std::vector<model::ParamSpec>& layout, const std:
   PI0_CHECK(trainable.size() == layout.size(), "breakdown: mask has ", trainable.size(), " entries for ",
             layout.size(), " parameters");
   // Bytes per element: trainable weight, frozen weight, grad, optimizer.
-  int64_t tw = 4, fw = 4, g = 4, opt = 8;
-  if (precision == "bf16-mixed") fw = 2;
+  int64_t tw = 4, fw = 4, g = 4, opt = 8, cast = 0;
+  if (precision == "bf16-mixed") fw = 2, cast = 2;
   if (precision == "bf16") tw = 2, fw = 2, g = 2, opt = 4;
 
   ParamBreakdown b;
@@ -174,6 +189,7 @@ ParamBreakdown breakdown(const std::vector<model::ParamSpec>& layout, const std:
         s->grad_bytes += g * n;
         s->optimizer_bytes += opt * n;
         if (ema) s->ema_bytes += 4 * n;
+        if (casts_in_layers(layout[i].name)) s->cast_bytes += cast * n;
       } else {
         s->frozen += n;
         s->weight_bytes += fw * n;
@@ -193,15 +209,16 @@ std::string with_thousands(int64_t n) {
 }
 
 std::string format_breakdown(const ParamBreakdown& b) {
-  const std::vector<std::string> header = {"component", "total",   "trainable", "frozen", "trainable %",
-                                           "weights",   "grads",   "optimizer", "ema",    "memory"};
+  const std::vector<std::string> header = {"component", "total", "trainable", "frozen", "trainable %", "weights",
+                                           "grads",     "optimizer", "ema", "casts", "memory"};
   std::vector<std::vector<std::string>> rows = {header};
   auto row = [](const ComponentStats& s) {
     char pct[16];
     std::snprintf(pct, sizeof pct, "%.1f%%", s.trainable_percent());
     return std::vector<std::string>{s.name,           with_thousands(s.total), with_thousands(s.trainable),
                                     with_thousands(s.frozen), pct, gib(s.weight_bytes), gib(s.grad_bytes),
-                                    gib(s.optimizer_bytes),   gib(s.ema_bytes),       gib(s.memory_bytes())};
+                                    gib(s.optimizer_bytes),   gib(s.ema_bytes),       gib(s.cast_bytes),
+                                    gib(s.memory_bytes())};
   };
   for (const auto& s : b.components) rows.push_back(row(s));
   rows.push_back(row(b.total));
@@ -210,7 +227,7 @@ std::string format_breakdown(const ParamBreakdown& b) {
     for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
   std::ostringstream os;
   os << "parameters and persistent training memory (precision " << b.precision << ", EMA "
-     << (b.ema ? "on" : "off") << "; activations not included)\n";
+     << (b.ema ? "on" : "off") << "; activations: --print-params adds them)\n";
   for (size_t r = 0; r < rows.size(); ++r) {
     if (r + 1 == rows.size()) {
       size_t line = 0;

@@ -45,16 +45,19 @@ struct ComponentStats {
   int64_t grad_bytes = 0;        ///< gradients of trainable parameters
   int64_t optimizer_bytes = 0;   ///< AdamW exp_avg + exp_avg_sq of trainable parameters
   int64_t ema_bytes = 0;         ///< float32 EMA of trainable parameters (0 when EMA is off)
+  /// bf16 copies of trainable float32 layer weights (nn::Dense's cast cache, bf16-mixed only): kept from one
+  /// forward to the next, so persistent too
+  int64_t cast_bytes = 0;
   double trainable_percent() const { return total > 0 ? 100.0 * static_cast<double>(trainable) / total : 0.0; }
-  int64_t memory_bytes() const { return weight_bytes + grad_bytes + optimizer_bytes + ema_bytes; }
+  int64_t memory_bytes() const { return weight_bytes + grad_bytes + optimizer_bytes + ema_bytes + cast_bytes; }
 };
 
 /// Breakdown per component in model::kComponents order plus the sum.
-/// Memory model (bytes per parameter; activations and transient bf16 weight casts are not included):
-///   precision   | trainable weight | frozen weight | grad | AdamW state
-///   "float32"   | 4                | 4             | 4    | 8
-///   "bf16-mixed"| 4 (f32 master)   | 2             | 4    | 8
-///   "bf16"      | 2                | 2             | 2    | 4
+/// Memory model (bytes per parameter; activations are estimated separately, model/activation_memory.h):
+///   precision   | trainable weight | frozen weight | grad | AdamW state | cast cache
+///   "float32"   | 4                | 4             | 4    | 8           | 0
+///   "bf16-mixed"| 4 (f32 master)   | 2             | 4    | 8           | 2 (layer weights; not norms, embeddings)
+///   "bf16"      | 2                | 2             | 2    | 4           | 0
 /// EMA: 4 bytes per *trainable* parameter (see ema.h: averaging frozen weights gives the weights themselves).
 struct ParamBreakdown {
   std::string precision;

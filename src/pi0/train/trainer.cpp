@@ -103,7 +103,24 @@ ParamBreakdown planned_breakdown(const config::Config& cfg) {
   const auto layout = model::parameter_layout(model::options_from_config(cfg.model));
   const auto mask = trainable_mask(names_of(layout), cfg.train.freeze, cfg.train.trainable_include,
                                    cfg.train.trainable_exclude);
-  return breakdown(layout, mask, cfg.train.precision, cfg.train.ema_decay > 0);
+  auto b = breakdown(layout, mask, cfg.train.precision, cfg.train.ema_decay > 0);
+  if (!cfg.train.weight_cast_cache) {  // casts are then made per forward and freed with the step's activations
+    b.total.cast_bytes = 0;
+    for (auto& s : b.components) s.cast_bytes = 0;
+  }
+  return b;
+}
+
+MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size) {
+  MemoryPlan plan;
+  plan.params = planned_breakdown(cfg);
+  plan.micro_batch = std::max<int64_t>(1, cfg.train.batch_size / std::max<int64_t>(1, world_size * cfg.train.grad_accum_steps));
+  // Every camera slot goes through SigLIP, present or not (a missing camera is a masked black image).
+  plan.num_cameras = static_cast<int64_t>(model::kCameraNames.size());
+  plan.activations = model::activation_memory(model::options_from_config(cfg.model), plan.micro_batch,
+                                              plan.num_cameras, cfg.train.precision == "float32" ? 4 : 2,
+                                              cfg.train.gradient_checkpointing);
+  return plan;
 }
 
 Trainer::Trainer(config::Config cfg, RunOptions options)
@@ -688,21 +705,24 @@ void Trainer::restore(const std::string& dir) {
       for (const auto& item : model_->named_parameters())
         if (!own.contains(item.key())) base_names_.insert(item.key());
     }
-    // Optimizer and EMA state stream from the mapped files straight into the existing tensors: no whole-file copy.
-    // They hold exactly the dtypes this trainer writes.
+    // Optimizer and EMA state stream from the files straight into the existing tensors: no whole-file copy. The
+    // state is checked against the header (views of the mapping: nothing read yet; exactly the dtypes this trainer
+    // writes) and then read in one sequential pass (read_into_many).
     auto load_streamed = [&](const fs::path& file, auto& target) {
       io::SafetensorsFile f(file.string(), io::AccessPattern::kSequential);
       std::map<std::string, torch::Tensor> views;
-      for (const auto& n : f.names()) views[n] = f.get(n);  // views of the mapping: nothing read yet
-      target.load_state_dict(views, file.string(), [&f](const std::string& key, const torch::Tensor& dst) {
+      for (const auto& n : f.names()) views[n] = f.get(n);
+      std::vector<std::pair<std::string, torch::Tensor>> reads;
+      target.load_state_dict(views, file.string(), [&](const std::string& key, const torch::Tensor& dst) {
         const auto stored = f.info(key).scalar_type;
         if (stored != dst.scalar_type()) {
           throw UserError(f.path() + ": tensor '" + key + "' is stored as " + std::string(c10::toString(stored)) +
                           ", expected " + std::string(c10::toString(dst.scalar_type())) +
                           " (a checkpoint holds exactly the dtypes its trainer wrote: the file was altered)");
         }
-        f.read_into(key, dst);
+        reads.emplace_back(key, dst);
       });
+      f.read_into_many(reads);
     };
     load_streamed(d / "optimizer.safetensors", *optimizer_);
     if (ema_) {

@@ -2,6 +2,7 @@
 // gradient accumulation, freezing presets / LoRA, mixed precision and exact resume. The Trainer is checkpointed
 // state (step, RNG, loader position, optimizer, EMA); run() reads top to bottom in one function.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <set>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "pi0/dist/grad_reducer.h"
 #include "pi0/dist/process_group.h"
 #include "pi0/io/model_weights.h"
+#include "pi0/model/activation_memory.h"
 #include "pi0/model/pi0.h"
 #include "pi0/train/data_setup.h"
 #include "pi0/train/ema.h"
@@ -55,6 +57,25 @@ struct StepResult {
 /// Trainable-parameter breakdown of the configured model computed from shapes only (full-size models are never
 /// allocated), under the configured freeze preset, precision and EMA setting.
 ParamBreakdown planned_breakdown(const config::Config& cfg);
+
+/// Planned memory of one training rank: the persistent state of planned_breakdown (weights, AdamW, EMA, cast
+/// cache) and, during the step, the activations of one micro-batch (batch_size / (world size ·
+/// grad_accum_steps)) and the gradients. Gradients exist only from backward to the optimizer step (zero_grad
+/// frees them), and backward frees activations as it creates gradients, so the step holds the larger of the two
+/// (see model/activation_memory.h), not their sum. The process's own runtime (libraries, allocator slack, the
+/// data loader) comes on top.
+struct MemoryPlan {
+  ParamBreakdown params;
+  model::ActivationMemory activations;
+  int64_t micro_batch = 0;
+  int64_t num_cameras = 0;
+  int64_t peak_bytes() const {
+    const int64_t grads = params.total.grad_bytes;
+    return params.total.memory_bytes() - grads +
+           std::max(activations.saved, grads + activations.last_layer) + activations.transient;
+  }
+};
+MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size = 1);
 
 class Trainer {
  public:

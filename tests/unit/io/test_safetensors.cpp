@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -550,4 +551,36 @@ TEST_CASE("safetensors read_into copies into parameters chunk by chunk", "[unit]
                       path + ": tensor 'm' has shape [37, 53], but the destination has shape [53, 37]");
   // Views handed out earlier still read correctly after their pages were released.
   REQUIRE(same_bytes(file.get("w"), w));
+}
+
+TEST_CASE("safetensors read_into_many reads in file order with large chunks straight from the disk", "[unit][safetensors]") {
+  TempDir dir;
+  const std::string path = dir.file("many.safetensors");
+  // 'big' spans several 1 MiB chunks (the O_DIRECT path) with a ragged end; 'odd' and 'small' take the buffered
+  // path; bf16 after float32 puts 'half' at an offset that is not a multiple of 4 KiB.
+  const torch::Tensor big = torch::randn({3 * 262144 + 1001});
+  const torch::Tensor odd = torch::randn({7, 5});
+  const torch::Tensor half = torch::randn({600000}).to(torch::kBFloat16);
+  save_safetensors(path, {{"big", big}, {"odd", odd}, {"half", half}});
+  SafetensorsFile file(path, pi0::io::AccessPattern::kSequential);
+
+  const torch::Tensor dst_big = torch::empty_like(big), dst_odd = torch::empty({7, 5}, torch::kFloat64);
+  const torch::Tensor dst_half = torch::empty({600000});
+  std::vector<std::string> done;
+  // Requested out of file order, with 1 MiB chunks so 'big' and 'half' take several.
+  file.read_into_many({{"half", dst_half}, {"odd", dst_odd}, {"big", dst_big}},
+                      [&](const std::string& name, uint64_t) { done.push_back(name); }, 1ull << 20);
+  REQUIRE(same_bytes(dst_big, big));
+  REQUIRE(torch::equal(dst_odd, odd.to(torch::kFloat64)));
+  REQUIRE(torch::equal(dst_half, half.to(torch::kFloat32)));
+  std::vector<std::string> file_order = {"big", "odd", "half"};
+  std::sort(file_order.begin(), file_order.end(),
+            [&](const auto& a, const auto& b) { return file.info(a).data_begin < file.info(b).data_begin; });
+  REQUIRE(done == file_order);
+
+  // Shapes are all checked before anything is read: a bad request leaves the good one untouched.
+  const torch::Tensor untouched = torch::zeros_like(big);
+  REQUIRE_THROWS_WITH(file.read_into_many({{"big", untouched}, {"odd", torch::empty({5, 7})}}),
+                      path + ": tensor 'odd' has shape [7, 5], but the destination has shape [5, 7]");
+  REQUIRE(torch::count_nonzero(untouched).item<int64_t>() == 0);
 }
