@@ -127,7 +127,9 @@ torch::Tensor joint_attention(const torch::Tensor& q, const torch::Tensor& k, co
   auto k_bksd = k.permute({0, 2, 1, 3});
   auto v_bksd = v.permute({0, 2, 1, 3});
   auto logits = nn::upcast(torch::matmul(q_bkgd, k_bksd.transpose(-1, -2))).view({b, kv, g, t, s});
-  logits = logits.masked_fill(mask.logical_not().view({b, 1, 1, t, s}), nn::kMaskValue);
+  // In place: the [B,K,G,T,S] float32 logits are the largest tensor of a layer, and neither matmul's nor the
+  // fill's backward needs them.
+  logits.masked_fill_(mask.logical_not().view({b, 1, 1, t, s}), nn::kMaskValue);
   auto probs = torch::softmax(logits, -1).to(q.scalar_type()).view({b, kv, g * t, s});
   auto out = torch::matmul(probs, v_bksd).view({b, kv, g, t, d});
   return out.permute({0, 3, 1, 2, 4}).reshape({b, t, n * d});
@@ -228,13 +230,17 @@ PaliGemmaWithExpertImpl::Output PaliGemmaWithExpertImpl::forward(const torch::Te
     torch::Tensor kc, vc;
     if (cache_in) kc = cache_in->k.at(l), vc = cache_in->v.at(l);
     std::vector<torch::Tensor> out;
-    if (checkpoint_layers && !cache_out) {
+    // The last layer is never checkpointed: backward starts there, so its recomputation would coexist with the
+    // same activations anyway — keeping them costs no peak memory and saves one layer's recomputation.
+    if (checkpoint_layers && !cache_out && l + 1 < depth) {
+      auto params = language_model->layers[l]->parameters();
+      for (const auto& p : expert->layers[l]->parameters()) params.push_back(p);
       out = nn::checkpoint(
           [this, l, mask, rope, kc, vc](const nn::TensorList& in) {
             auto r = layer_forward(l, in[0], in[1], mask, rope, in[2], kc, vc);
             return nn::TensorList{r[0], r[1]};
           },
-          {x_prefix, x_suffix, cond});
+          {x_prefix, x_suffix, cond}, params);
     } else {
       out = layer_forward(l, x_prefix, x_suffix, mask, rope, cond, kc, vc);
       if (cache_out) cache_out->k.push_back(out[2]), cache_out->v.push_back(out[3]);

@@ -118,7 +118,9 @@ class Pi0Impl : public torch::nn::Module {
   /// replay it (the 10 suffix passes are small and launch-bound). No effect on CPU or without CUDA support.
   void set_cuda_graph(bool on) { cuda_graph_ = on; }
   bool cuda_graph() const { return cuda_graph_; }
-  /// Recompute each transformer layer (both experts' layer together, and each SigLIP block) in backward.
+  /// Recompute each transformer layer (both experts' layer together, and each SigLIP block) in backward; the
+  /// last joint layer is kept (no memory to gain there), and frozen layers that need no gradient are never
+  /// recomputed.
   void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
   bool gradient_checkpointing() const { return checkpointing_; }
 

@@ -102,7 +102,7 @@ torch::Tensor SiglipImpl::forward(const torch::Tensor& images, torch::ScalarType
   for (auto& layer : layers) {
     if (checkpoint_layers) {
       x = nn::checkpoint([layer](const nn::TensorList& in) mutable { return nn::TensorList{layer->forward(in[0])}; },
-                         {x})[0];
+                         {x}, *layer)[0];
     } else {
       x = layer->forward(x);
     }

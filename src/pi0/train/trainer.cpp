@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -34,6 +35,16 @@
 #include "pi0/train/trainer_state.h"
 
 namespace pi0::train {
+
+namespace {
+// CPU time of the calling (training) thread: unlike wall time it ignores other processes on a shared machine,
+// and unlike process time it leaves out the loader's worker threads. On CUDA it counts only the host side.
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+}  // namespace
 namespace fs = std::filesystem;
 
 namespace {
@@ -429,6 +440,7 @@ int64_t Trainer::run() {
   }
 
   auto interval_start = Clock::now();
+  double interval_cpu_start = thread_cpu_seconds();
   const int64_t first_step = step_;
   double interval_loss = 0;
   int64_t interval_steps = 0;
@@ -458,13 +470,15 @@ int64_t Trainer::run() {
       }
       const double elapsed = std::chrono::duration<double>(Clock::now() - interval_start).count();
       const double step_time = elapsed / static_cast<double>(interval_steps);
+      const double step_cpu = (thread_cpu_seconds() - interval_cpu_start) / static_cast<double>(interval_steps);
       const double samples_per_s = static_cast<double>(t.batch_size) / step_time;
       const double eta = step_time * static_cast<double>(t.num_steps - step_);
       std::map<std::string, double> record = {{"loss", mean_loss},
                                               {"grad_norm", grad_norm},
                                               {"lr", lr},
                                               {"samples_per_s", samples_per_s},
-                                              {"step_time_s", step_time}};
+                                              {"step_time_s", step_time},
+                                              {"step_cpu_s", step_cpu}};
       if (reducer_) {
         // Per step: the gradient all-reduce span (first bucket launched → last done) and the part of it backward
         // did not hide (time in wait()).
@@ -484,6 +498,7 @@ int64_t Trainer::run() {
         metrics->write(step_, record);
       }
       interval_start = Clock::now();
+      interval_cpu_start = thread_cpu_seconds();
       interval_loss = 0;
       interval_steps = 0;
     }

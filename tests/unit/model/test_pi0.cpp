@@ -7,6 +7,7 @@
 
 #include "pi0/model/param_layout.h"
 #include "pi0/model/pi0.h"
+#include "pi0/nn/checkpoint.h"
 #include "support/test_support.h"
 
 using namespace pi0;
@@ -264,4 +265,53 @@ TEST_CASE("per-layer gradient checkpointing gives the same loss and gradients", 
     }
     CHECK(nonzero > g0.size() / 2);
   }
+}
+
+TEST_CASE("gradient checkpointing recomputes each layer once, except the last joint layer and frozen SigLIP",
+          "[unit][model]") {
+  auto o = dummy_options(false);
+  Pi0 model(o);
+  model->set_gradient_checkpointing(true);
+  auto obs = testing::random_observation(o, 2);
+  auto actions = torch::randn({2, o.action_horizon, o.action_dim});
+  auto step = [&] {
+    model->zero_grad();
+    const auto before = nn::checkpoint_recomputations();
+    model->compute_loss(obs, actions).mean().backward();
+    return nn::checkpoint_recomputations() - before;
+  };
+  CHECK(step() == (o.paligemma.depth - 1) + o.siglip.depth);
+  auto& vision = *model->paligemma_with_expert->vision;
+  for (auto& p : vision.parameters()) p.requires_grad_(false);
+  CHECK(step() == o.paligemma.depth - 1);  // a frozen tower is run once, never recomputed
+}
+
+TEST_CASE("gradient checkpointing with only the layers trainable gives their gradients", "[unit][model]") {
+  // As the lora-only preset: every layer input comes from frozen embeddings, so no checkpoint input needs grad.
+  auto o = dummy_options(true);
+  Pi0 model(o);
+  for (auto& p : model->named_parameters())
+    p.value().requires_grad_(p.key().find(".layers.") != std::string::npos &&
+                             p.key().find("vision_tower") == std::string::npos);
+  auto obs = testing::random_observation(o, 2);
+  auto actions = torch::randn({2, o.action_horizon, o.action_dim});
+  auto noise = torch::randn_like(actions);
+  auto time = torch::tensor({0.3f, 0.8f});
+  auto grads = [&](bool ckpt) {
+    model->set_gradient_checkpointing(ckpt);
+    model->zero_grad();
+    model->compute_loss(obs, actions, noise, time).mean().backward();
+    std::vector<torch::Tensor> g;
+    for (auto& p : model->parameters())
+      if (p.requires_grad()) g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    return g;
+  };
+  auto plain = grads(false), ck = grads(true);
+  REQUIRE(plain.size() == ck.size());
+  double total = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    CHECK(testing::max_rel_error(ck[i], plain[i]) < 1e-4);
+    total += ck[i].abs().sum().item<double>();
+  }
+  CHECK(total > 0);
 }

@@ -152,3 +152,33 @@ TEST_CASE("gradient checkpointing gives the same values and gradients", "[unit][
   CHECK(torch::allclose(w.grad(), g_plain[2], 1e-6, 1e-7));
   CHECK(w.grad().abs().sum().item<float>() > 0);
 }
+
+TEST_CASE("gradient checkpointing differentiates only the outputs that receive a gradient", "[unit][nn]") {
+  auto w1 = torch::randn({8, 8}, torch::requires_grad()), w2 = torch::randn({8, 8}, torch::requires_grad());
+  auto x = torch::randn({3, 8}, torch::requires_grad());
+  auto fn = [&](const nn::TensorList& in) {
+    return nn::TensorList{torch::tanh(torch::matmul(in[0], w1)), torch::tanh(torch::matmul(in[0], w2))};
+  };
+  const auto before = nn::checkpoint_recomputations();
+  auto out = nn::checkpoint(fn, {x});
+  out[0].sum().backward();  // out[1] feeds nothing, like the prefix expert's last layer
+  CHECK(nn::checkpoint_recomputations() == before + 1);
+  REQUIRE(w1.grad().defined());
+  // Handing backward zeros for out[1] would differentiate w2's branch for nothing and leave a zero gradient.
+  CHECK(!w2.grad().defined());
+  auto g = torch::autograd::grad({fn({x})[0].sum()}, {x, w1});
+  CHECK(torch::allclose(x.grad(), g[0], 1e-6, 1e-7));
+  CHECK(torch::allclose(w1.grad(), g[1], 1e-6, 1e-7));
+}
+
+TEST_CASE("gradient checkpointing trains the parameters of a layer whose inputs need no gradient", "[unit][nn]") {
+  auto w = torch::randn({8, 8}, torch::requires_grad());
+  auto x = torch::randn({3, 8});  // e.g. the output of frozen embeddings
+  auto fn = [&](const nn::TensorList& in) { return nn::TensorList{torch::tanh(torch::matmul(in[0], w))}; };
+  auto expected = torch::autograd::grad({fn({x})[0].pow(2).sum()}, {w})[0];
+  auto out = nn::checkpoint(fn, {x}, {w});
+  REQUIRE(out[0].requires_grad());
+  out[0].pow(2).sum().backward();
+  REQUIRE(w.grad().defined());
+  CHECK(torch::allclose(w.grad(), expected, 1e-6, 1e-7));
+}
