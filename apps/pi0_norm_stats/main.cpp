@@ -38,7 +38,7 @@ std::vector<bool> bool_mask(const std::string& s) {
 
 const char* kUsage =
     "usage: pi0-norm-stats --config run.yaml [--set section.key=value ...] [--out norm_stats.json]\n"
-    "       pi0-norm-stats --format libero|aloha --data <file|dir|glob>[,...] --out norm_stats.json\n"
+    "       pi0-norm-stats --format libero|aloha|lerobot --data <file|dir|glob|lerobot root>[,...] --out norm_stats.json\n"
     "                      [--action-horizon H] [--state-keys a,b] [--action-key k] [--delta-mask 6,-1] [--bins N]\n"
     "                      [--adapt-to-pi auto|true|false]   (ALOHA convention conversion; auto = on for aloha)\n";
 
