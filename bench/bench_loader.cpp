@@ -3,7 +3,9 @@
 // With --train-json (bench_train's --json output) it also prints the training step's consumption rate from that
 // file and the ratio loader / step (target: the loader sustains >= 3x what the step consumes).
 //   bench_loader [--batches N] [--batch-size B] [--repeats R] [--image-size S] [--dir DIR] [--tokenizer PATH]
-//                [--train-json bench_train.json]
+//                [--train-json bench_train.json] [--format lerobot --data <LeRobot dataset root>]
+// With --format lerobot it reads that dataset (e.g. one written by tests/data/write_lerobot.py) instead of the
+// generated LIBERO HDF5 file.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -23,7 +25,7 @@
 int main(int argc, char** argv) {
   int64_t batches = 20, batch_size = 16, repeats = 3, image_size = 224;
   std::string dir = (std::filesystem::temp_directory_path() / "pi0_bench_loader").string();
-  std::string tokenizer_path, train_json;
+  std::string tokenizer_path, train_json, format = "libero", data_root;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--batches") batches = std::stoll(argv[i + 1]);
@@ -33,6 +35,8 @@ int main(int argc, char** argv) {
     else if (a == "--dir") dir = argv[i + 1];
     else if (a == "--tokenizer") tokenizer_path = argv[i + 1];
     else if (a == "--train-json") train_json = argv[i + 1];
+    else if (a == "--format") format = argv[i + 1];
+    else if (a == "--data") data_root = argv[i + 1];
   }
   spdlog::set_level(spdlog::level::warn);
   pi0::data::ExampleDataOptions eo;
@@ -40,7 +44,9 @@ int main(int argc, char** argv) {
   eo.steps = 100;
   eo.image_size = image_size;
   pi0::data::DatasetOptions o;
-  o.paths = {pi0::data::write_example_libero(dir, eo)};
+  o.format = format;
+  if (format == "lerobot") o.paths = {data_root};
+  else o.paths = {pi0::data::write_example_libero(dir, eo)};
   o.action_horizon = 50;
   auto dataset = std::make_shared<pi0::data::RobotDataset>(o);
   // Run from the repo root or build/ (or pass --tokenizer).
@@ -50,6 +56,7 @@ int main(int argc, char** argv) {
   pi0::data::TransformOptions t;  // pi0: 224 images, action_dim 32, 48 tokens
   auto transform = std::make_shared<pi0::data::SampleTransform>(t, pi0::data::compute_norm_stats(*dataset), tokenizer);
 
+  std::printf("format %s%s%s\n", format.c_str(), data_root.empty() ? "" : ": ", data_root.c_str());
   std::printf("loader throughput: %lld frames, 2 cameras %lldx%lld -> 224x224, batch %lld, %lld batches x %lld "
               "repeats, prefetch 4, torch threads %d\n",
               static_cast<long long>(dataset->size()), static_cast<long long>(image_size),
@@ -97,6 +104,6 @@ int main(int argc, char** argv) {
                   two_worker_rate[true] / step);
     }
   }
-  std::filesystem::remove_all(dir);
+  if (format != "lerobot") std::filesystem::remove_all(dir);
   return 0;
 }
