@@ -26,7 +26,7 @@ BATCHES=$((SAMPLES / BATCH))
 if ! "$VENV/bin/python" -c "import lerobot, sys; sys.exit(lerobot.__version__ != '$LEROBOT_VERSION')" 2>/dev/null; then
   echo "[bench_lerobot] installing lerobot==$LEROBOT_VERSION into $VENV" >&2
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "lerobot==$LEROBOT_VERSION"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-cache-dir "lerobot==$LEROBOT_VERSION"
 fi
 
 rm -rf "$DATA"; mkdir -p "$DATA"
