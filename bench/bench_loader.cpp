@@ -3,15 +3,25 @@
 // With --train-json (bench_train's --json output) it also prints the training step's consumption rate from that
 // file and the ratio loader / step (target: the loader sustains >= 3x what the step consumes).
 //   bench_loader [--batches N] [--batch-size B] [--repeats R] [--image-size S] [--dir DIR] [--tokenizer PATH]
-//                [--train-json bench_train.json]
+//                [--train-json bench_train.json] [--format lerobot --data <LeRobot dataset root>]
+//                [--workers N[,N...] (default 1,2; 0 = on the caller's thread)] [--augment no|yes|both (default both)]
+// Besides wall-clock rates it reports the process CPU time (user + sys, all threads) of the timed batches and
+// samples per CPU-second, the per-core figure that stays meaningful on a loaded machine (exact with 0 workers; with
+// workers, up to `prefetch` batches built before the timer or still in flight after it blur both figures) (scripts/bench_lerobot.sh
+// compares it with LeRobot's Python loader).
+// With --format lerobot it reads that dataset (e.g. one written by tests/data/write_lerobot.py) instead of the
+// generated LIBERO HDF5 file.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -20,10 +30,21 @@
 #include "pi0/data/loader.h"
 #include "pi0/data/tokenizer.h"
 
+namespace {
+// User + system CPU seconds of this process, all threads (the loader's workers are threads).
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  const auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   int64_t batches = 20, batch_size = 16, repeats = 3, image_size = 224;
   std::string dir = (std::filesystem::temp_directory_path() / "pi0_bench_loader").string();
-  std::string tokenizer_path, train_json;
+  std::string tokenizer_path, train_json, format = "libero", data_root, augment_arg = "both";
+  std::vector<int64_t> worker_counts = {1, 2};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--batches") batches = std::stoll(argv[i + 1]);
@@ -33,6 +54,14 @@ int main(int argc, char** argv) {
     else if (a == "--dir") dir = argv[i + 1];
     else if (a == "--tokenizer") tokenizer_path = argv[i + 1];
     else if (a == "--train-json") train_json = argv[i + 1];
+    else if (a == "--format") format = argv[i + 1];
+    else if (a == "--data") data_root = argv[i + 1];
+    else if (a == "--workers") {  // comma-separated; 0 builds batches on the caller's thread (no prefetch)
+      worker_counts.clear();
+      std::stringstream list(argv[i + 1]);
+      for (std::string w; std::getline(list, w, ',');) worker_counts.push_back(std::max<int64_t>(0, std::stoll(w)));
+    }
+    else if (a == "--augment") augment_arg = argv[i + 1];
   }
   spdlog::set_level(spdlog::level::warn);
   pi0::data::ExampleDataOptions eo;
@@ -40,7 +69,9 @@ int main(int argc, char** argv) {
   eo.steps = 100;
   eo.image_size = image_size;
   pi0::data::DatasetOptions o;
-  o.paths = {pi0::data::write_example_libero(dir, eo)};
+  o.format = format;
+  if (format == "lerobot") o.paths = {data_root};
+  else o.paths = {pi0::data::write_example_libero(dir, eo)};
   o.action_horizon = 50;
   auto dataset = std::make_shared<pi0::data::RobotDataset>(o);
   // Run from the repo root or build/ (or pass --tokenizer).
@@ -50,16 +81,22 @@ int main(int argc, char** argv) {
   pi0::data::TransformOptions t;  // pi0: 224 images, action_dim 32, 48 tokens
   auto transform = std::make_shared<pi0::data::SampleTransform>(t, pi0::data::compute_norm_stats(*dataset), tokenizer);
 
+  std::printf("format %s%s%s\n", format.c_str(), data_root.empty() ? "" : ": ", data_root.c_str());
   std::printf("loader throughput: %lld frames, 2 cameras %lldx%lld -> 224x224, batch %lld, %lld batches x %lld "
               "repeats, prefetch 4, torch threads %d\n",
               static_cast<long long>(dataset->size()), static_cast<long long>(image_size),
               static_cast<long long>(image_size), static_cast<long long>(batch_size), static_cast<long long>(batches),
               static_cast<long long>(repeats), at::get_num_threads());
-  std::printf("| augment | workers | samples/s (median) | samples/s (best) | ms/batch (median) |\n|---|---|---|---|---|\n");
+  std::vector<bool> augment_modes;
+  if (augment_arg != "yes") augment_modes.push_back(false);
+  if (augment_arg != "no") augment_modes.push_back(true);
+  std::printf("| augment | workers | samples/s (median) | samples/s (best) | ms/batch (median) | CPU s (timed, all "
+              "repeats) | samples per CPU-s |\n|---|---|---|---|---|---|---|\n");
   std::map<bool, double> two_worker_rate;  // augment → median samples/s with 2 workers
-  for (bool augment : {false, true}) {
-    for (int64_t workers : {1, 2}) {
+  for (bool augment : augment_modes) {
+    for (int64_t workers : worker_counts) {
       std::vector<double> rates;
+      double cpu_s = 0;
       for (int64_t r = 0; r < repeats; ++r) {
         pi0::data::LoaderOptions lo;
         lo.batch_size = batch_size;
@@ -70,15 +107,18 @@ int main(int argc, char** argv) {
         pi0::data::DataLoader loader(dataset, transform, lo);
         loader.next();  // warm-up
         const auto t0 = std::chrono::steady_clock::now();
+        const double c0 = process_cpu_seconds();
         for (int64_t b = 0; b < batches; ++b) loader.next();
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        cpu_s += process_cpu_seconds() - c0;
         rates.push_back(static_cast<double>(batches * batch_size) / s);
       }
       std::sort(rates.begin(), rates.end());
       const double median = rates[rates.size() / 2], best = rates.back();
       if (workers == 2) two_worker_rate[augment] = median;
-      std::printf("| %s | %lld | %.1f | %.1f | %.1f |\n", augment ? "yes" : "no", static_cast<long long>(workers), median,
-                  best, 1000.0 * static_cast<double>(batch_size) / median);
+      std::printf("| %s | %lld | %.1f | %.1f | %.1f | %.2f | %.1f |\n", augment ? "yes" : "no",
+                  static_cast<long long>(workers), median, best, 1000.0 * static_cast<double>(batch_size) / median,
+                  cpu_s, static_cast<double>(batches * batch_size * repeats) / cpu_s);
       std::fflush(stdout);
     }
   }
@@ -91,12 +131,16 @@ int main(int argc, char** argv) {
                 train_json.c_str());
     for (const auto& r : j.at("rows")) {
       const double step = r.at("samples_per_s_median").get<double>();
-      std::printf("| %s | %s | %lld | %.2f | %.1fx | %.1fx |\n", r.at("precision").get<std::string>().c_str(),
+      const auto ratio = [&](bool augment) {  // "-" where that mode or 2 workers was not run
+        const auto it = two_worker_rate.find(augment);
+        return it == two_worker_rate.end() ? std::string("-") : fmt::format("{:.1f}x", it->second / step);
+      };
+      std::printf("| %s | %s | %lld | %.2f | %s | %s |\n", r.at("precision").get<std::string>().c_str(),
                   r.at("gradient_checkpointing").get<bool>() ? "on" : "off",
-                  static_cast<long long>(r.at("batch").get<int64_t>()), step, two_worker_rate[false] / step,
-                  two_worker_rate[true] / step);
+                  static_cast<long long>(r.at("batch").get<int64_t>()), step, ratio(false).c_str(),
+                  ratio(true).c_str());
     }
   }
-  std::filesystem::remove_all(dir);
+  if (format != "lerobot") std::filesystem::remove_all(dir);
   return 0;
 }

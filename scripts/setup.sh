@@ -17,7 +17,8 @@ PACKAGES=(cmake ninja-build g++ pkg-config libgloo-dev libopenblas0-pthread liby
           libspdlog-dev libhdf5-dev catch2 libcli11-dev libsentencepiece-dev sentencepiece nlohmann-json3-dev zlib1g-dev
           libxxhash-dev  # checkpoint manifests (XXH3)
           libboost-dev libmsgpack-cxx-dev python3-venv  # pi0-serve: Beast/Asio, msgpack; its test venv
-          clang libclang-rt-dev)                         # scripts/fuzz.sh: libFuzzer, ASan, UBSan
+          clang libclang-rt-dev                          # scripts/fuzz.sh: libFuzzer, ASan, UBSan
+          libavformat-dev libavcodec-dev libswscale-dev libavutil-dev libdav1d-dev libpng-dev)  # format: lerobot
 [ $CUDA = 1 ] || PACKAGES+=(libtorch-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -55,6 +56,22 @@ if [ $CUDA = 1 ]; then
     PI0_TORCH_PREFIX="$(.venv-cuda/bin/python -c 'import torch;print(torch.utils.cmake_prefix_path)')"
   fi
   EXTRA=(-DCMAKE_PREFIX_PATH="$PI0_TORCH_PREFIX")
+fi
+
+# Apache Arrow/Parquet C++ for format: lerobot. Debian bookworm has no Arrow package; the pinned PyPI pyarrow wheel
+# ships Arrow's C++ headers and libraries (libarrow.so.<SO>, libparquet.so.<SO>), built with the same libstdc++ ABI.
+# PI0_PYARROW_VERSION=none builds without it (format: lerobot then fails with one line).
+PYARROW_VERSION="${PI0_PYARROW_VERSION:-26.0.1}"
+if [ "$PYARROW_VERSION" != none ]; then
+  ARROW_VENV="$BUILD_DIR/arrow_venv"
+  mkdir -p "$BUILD_DIR"
+  if ! "$ARROW_VENV/bin/python" -c "import pyarrow,sys; sys.exit(pyarrow.__version__ != '$PYARROW_VERSION')" 2>/dev/null; then
+    echo "[setup] installing pyarrow==$PYARROW_VERSION (Arrow/Parquet C++ for format: lerobot) into $ARROW_VENV"
+    rm -rf "$ARROW_VENV"
+    python3 -m venv "$ARROW_VENV"
+    "$ARROW_VENV/bin/pip" install -q --disable-pip-version-check --no-deps "pyarrow==$PYARROW_VERSION"
+  fi
+  EXTRA+=(-DPI0_ARROW_ROOT="$(cd "$ARROW_VENV" && pwd)/lib/$("$ARROW_VENV/bin/python" -c 'import sys;print(f"python{sys.version_info[0]}.{sys.version_info[1]}")')/site-packages/pyarrow")
 fi
 
 GENERATOR=()

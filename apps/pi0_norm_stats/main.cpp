@@ -50,8 +50,8 @@ int norm_stats_main(int argc, char** argv) {
                   "a training config: its dataset, horizon and delta mask; writes its data.norm_stats unless --out")
       ->check(pi0::app::non_empty());
   pi0::app::add_config_overrides(*cli, overrides);
-  cli->add_option("--format", opt.format, "dataset layout")->check(pi0::app::one_of({"libero", "aloha"}));
-  cli->add_option("--data", opt.paths, "HDF5 files, directories or globs, comma-separated")
+  cli->add_option("--format", opt.format, "dataset layout")->check(pi0::app::one_of({"libero", "aloha", "lerobot"}));
+  cli->add_option("--data", opt.paths, "HDF5 files, directories or globs, or LeRobot dataset roots, comma-separated")
       ->delimiter(',')
       ->check(pi0::app::non_empty());
   cli->add_option("--out", out, "norm_stats.json to write")->check(pi0::app::non_empty());

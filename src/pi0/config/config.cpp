@@ -412,7 +412,8 @@ void validate(const Config& c) {
   const auto& d = c.data.dataset;
   require(c.model.attention == "auto" || c.model.attention == "explicit" || c.model.attention == "sdpa",
           "model.attention", "'" + c.model.attention + "'", "auto, explicit or sdpa");
-  require(d.format == "libero" || d.format == "aloha", "data.dataset.format", "'" + d.format + "'", "libero or aloha");
+  require(d.format == "libero" || d.format == "aloha" || d.format == "lerobot", "data.dataset.format",
+          "'" + d.format + "'", "libero, aloha or lerobot");
   require(d.adapt_to_pi == "auto" || d.adapt_to_pi == "true" || d.adapt_to_pi == "false", "data.dataset.adapt_to_pi",
           "'" + d.adapt_to_pi + "'", "auto, true or false");
   require(c.data.num_workers >= 0, "data.num_workers", c.data.num_workers, ">= 0");

@@ -17,6 +17,7 @@
 #include "pi0/data/aloha.h"
 #include "pi0/data/hdf5_file.h"
 #include "pi0/data/jpeg.h"
+#include "pi0/data/lerobot.h"
 #include "pi0/model/observation.h"
 
 namespace pi0::data {
@@ -39,12 +40,15 @@ DatasetOptions DatasetOptions::resolved() const {
     if (o.action_key.empty()) o.action_key = "action";
     if (o.flip_images == "auto") o.flip_images = "false";
     if (o.adapt_to_pi == "auto") o.adapt_to_pi = "true";
+  } else if (o.format == "lerobot") {
+    // Keys and adapt_to_pi "auto" depend on the dataset's features: LeRobotSource::apply_defaults at open.
+    if (o.flip_images == "auto") o.flip_images = "false";  // openpi's LeRobot LIBERO frames are stored upright
   } else {
-    throw UserError("dataset.format: got '" + o.format + "', expected 'libero' or 'aloha'");
+    throw UserError("dataset.format: got '" + o.format + "', expected 'libero', 'aloha' or 'lerobot'");
   }
   if (o.flip_images != "true" && o.flip_images != "false")
     throw UserError("dataset.flip_images: got '" + o.flip_images + "', expected auto, true or false");
-  if (o.adapt_to_pi != "true" && o.adapt_to_pi != "false")
+  if (o.adapt_to_pi != "true" && o.adapt_to_pi != "false" && !(o.format == "lerobot" && o.adapt_to_pi == "auto"))
     throw UserError("dataset.adapt_to_pi: got '" + o.adapt_to_pi + "', expected auto, true or false");
   if (o.action_horizon < 1)
     throw UserError("dataset.action_horizon: got " + std::to_string(o.action_horizon) + ", expected >= 1");
@@ -176,10 +180,19 @@ torch::Tensor read_low_dim(const H5File& f, const std::string& path, const std::
 
 RobotDataset::RobotDataset(DatasetOptions options) : options_(options.resolved()) {
   flip_ = options_.flip_images == "true";
-  file_paths_ = expand_paths(options_.paths);
-  for (int64_t i = 0; i < static_cast<int64_t>(file_paths_.size()); ++i) {
-    if (options_.max_episodes > 0 && num_episodes() >= options_.max_episodes) break;
-    open_file(i);
+  if (options_.format == "lerobot") {
+    LeRobotSource::apply_defaults(options_.paths.front(), options_);
+    file_paths_ = options_.paths;  // dataset roots
+    for (int64_t i = 0; i < static_cast<int64_t>(file_paths_.size()); ++i) {
+      if (options_.max_episodes > 0 && num_episodes() >= options_.max_episodes) break;
+      open_lerobot(i);
+    }
+  } else {
+    file_paths_ = expand_paths(options_.paths);
+    for (int64_t i = 0; i < static_cast<int64_t>(file_paths_.size()); ++i) {
+      if (options_.max_episodes > 0 && num_episodes() >= options_.max_episodes) break;
+      open_file(i);
+    }
   }
   if (episodes_.empty()) throw UserError("dataset.paths: no episode found in " + std::to_string(file_paths_.size()) + " file(s)");
   spdlog::info("dataset: {} file(s), {} episode(s), {} frames, state dim {}, action dim {}, horizon {}",
@@ -271,14 +284,7 @@ void RobotDataset::add_episode(int64_t file_index, const std::string& group, con
                      .contiguous();
   }
 
-  if (state_dim_ < 0) state_dim_ = ep.state.size(1);
-  if (action_dim_ < 0) action_dim_ = ep.actions.size(1);
-  if (ep.state.size(1) != state_dim_)
-    throw UserError(f.path() + ": " + root + " state has dim " + std::to_string(ep.state.size(1)) + ", expected " +
-                    std::to_string(state_dim_) + " like the first episode (dataset.state_keys)");
-  if (ep.actions.size(1) != action_dim_)
-    throw UserError(f.path() + ": key " + action_path + " has dim " + std::to_string(ep.actions.size(1)) +
-                    ", expected " + std::to_string(action_dim_) + " like the first episode");
+  check_dims(ep, f.path() + ": " + root + " state", f.path() + ": key " + action_path);
 
   // Cameras: only shapes and dtypes are checked here.
   for (const auto& slot : model::kCameraNames) {
@@ -335,6 +341,71 @@ void RobotDataset::add_episode(int64_t file_index, const std::string& group, con
   episodes_.push_back(std::move(ep));
 }
 
+void RobotDataset::check_dims(const EpisodeInfo& ep, const std::string& state_what, const std::string& action_what) {
+  if (state_dim_ < 0) state_dim_ = ep.state.size(1);
+  if (action_dim_ < 0) action_dim_ = ep.actions.size(1);
+  if (ep.state.size(1) != state_dim_)
+    throw UserError(state_what + " has dim " + std::to_string(ep.state.size(1)) + ", expected " +
+                    std::to_string(state_dim_) + " like the first episode (dataset.state_keys)");
+  if (ep.actions.size(1) != action_dim_)
+    throw UserError(action_what + " has dim " + std::to_string(ep.actions.size(1)) + ", expected " +
+                    std::to_string(action_dim_) + " like the first episode (dataset.action_key)");
+}
+
+void RobotDataset::open_lerobot(int64_t source_index) {
+  const std::string& root = file_paths_[static_cast<size_t>(source_index)];
+  std::vector<std::string> columns = options_.state_keys;
+  if (std::find(columns.begin(), columns.end(), options_.action_key) == columns.end())
+    columns.push_back(options_.action_key);
+  const int64_t remaining = options_.max_episodes > 0 ? options_.max_episodes - num_episodes() : 0;
+  lerobot_.push_back(std::make_unique<LeRobotSource>(root, columns, remaining, /*video_threads=*/1));
+  const LeRobotSource& src = *lerobot_.back();
+  // Camera keys must be image or video features; a missing one is an error listing the features (unlike HDF5,
+  // where per-file absence is tolerated, a LeRobot dataset declares its features once).
+  std::vector<std::string> slot_keys;
+  for (const auto& slot : model::kCameraNames) {
+    auto it = options_.cameras.find(slot);
+    std::string key = it == options_.cameras.end() ? "" : it->second;
+    if (!key.empty()) {
+      const LeRobotFeature& f = src.feature(key, "dataset.cameras." + slot);
+      if (f.dtype != "image" && f.dtype != "video")
+        throw UserError(root + "/meta/info.json: dataset.cameras." + slot + ": feature '" + key + "' has dtype " +
+                        f.dtype + ", expected image or video");
+    }
+    slot_keys.push_back(key);
+  }
+  for (size_t e = 0; e < src.episodes().size(); ++e) {
+    const LeRobotEpisode& le = src.episodes()[e];
+    const std::string what = le.data_file + ": episode " + std::to_string(le.episode_index);
+    EpisodeInfo ep;
+    ep.file = source_index;
+    ep.source_episode = static_cast<int64_t>(e);
+    ep.length = le.length;
+    if (ep.length == 0) throw UserError(what + " is empty (0 frames)");
+    std::vector<torch::Tensor> parts;
+    for (const auto& k : options_.state_keys) parts.push_back(le.columns.at(k));
+    ep.state = torch::cat(parts, 1).to(torch::kFloat32).contiguous();
+    ep.actions = le.columns.at(options_.action_key).to(torch::kFloat32).contiguous();
+    for (const auto& [t, name] : {std::pair{&ep.state, std::string("state")}, std::pair{&ep.actions, options_.action_key}}) {
+      if (!torch::isfinite(*t).all().item<bool>())
+        throw UserError(what + ": column " + name + " holds NaN or Inf, expected finite values");
+    }
+    if (options_.adapt_to_pi == "true") {
+      ep.state = aloha_state_to_pi(ep.state, what + " state (data.dataset.adapt_to_pi)").contiguous();
+      ep.actions = aloha_actions_to_pi(ep.actions, what + " " + options_.action_key + " (data.dataset.adapt_to_pi)")
+                       .contiguous();
+    }
+    check_dims(ep, what + " state", what + " column " + options_.action_key);
+    ep.camera_paths = slot_keys;
+    ep.camera_jpeg.assign(slot_keys.size(), false);
+    if (options_.prompt.empty()) ep.frame_tasks = le.task_index;
+    else ep.prompt = options_.prompt;
+    ep.first_index = size_;
+    size_ += ep.length;
+    episodes_.push_back(std::move(ep));
+  }
+}
+
 std::pair<int64_t, int64_t> RobotDataset::locate(int64_t index) const {
   PI0_CHECK(index >= 0 && index < size_, "sample index ", index, " out of range [0, ", size_, ")");
   auto it = std::upper_bound(episodes_.begin(), episodes_.end(), index,
@@ -352,6 +423,10 @@ torch::Tensor RobotDataset::action_chunk(int64_t e, int64_t t) const {
 }
 
 torch::Tensor RobotDataset::read_frame(const EpisodeInfo& ep, size_t slot, int64_t t) const {
+  if (options_.format == "lerobot") {
+    torch::Tensor img = lerobot_source(ep.file).read_image(ep.source_episode, ep.camera_paths[slot], t);
+    return flip_ ? img.flip({0, 1}).contiguous() : img;
+  }
   const H5File& f = *files_[static_cast<size_t>(ep.file)];
   const std::string& path = ep.camera_paths[slot];
   torch::Tensor img;
@@ -373,7 +448,7 @@ RawSample RobotDataset::get(int64_t index) const {
   RawSample s;
   s.episode = e;
   s.frame = t;
-  s.prompt = ep.prompt;
+  s.prompt = ep.frame_tasks.empty() ? ep.prompt : lerobot_source(ep.file).task(ep.frame_tasks[static_cast<size_t>(t)]);
   s.state = ep.state[t].clone();
   s.actions = action_chunk(e, t);
   for (size_t slot = 0; slot < model::kCameraNames.size(); ++slot) {

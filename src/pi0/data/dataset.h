@@ -1,5 +1,6 @@
-// Robot demonstration datasets stored as HDF5: LIBERO / robomimic (one file, many demos) and ALOHA (one file per
-// episode). See docs/data.md and shared/docs/datasets-reference.md for the layouts.
+// Robot demonstration datasets: HDF5 as LIBERO / robomimic (one file, many demos) and ALOHA (one file per episode),
+// and LeRobot datasets v2.0/v2.1/v3.0 (parquet + PNG or MP4; data/lerobot.h). See docs/data.md and
+// shared/docs/datasets-reference.md for the layouts. Every format yields the same EpisodeInfo and RawSample.
 //
 // A sample at global frame index i (episode e, step t) holds the camera frames and state at t and the action chunk
 // [t, t+H). Past the end of an episode the LAST action is repeated (LeRobot clamps its delta_timestamps queries to
@@ -19,25 +20,32 @@
 namespace pi0::data {
 
 class H5File;
+class LeRobotSource;
 
 /// What to read and how. Empty fields take the per-format defaults (see DatasetOptions::resolved()).
 struct DatasetOptions {
-  /// "libero" (LIBERO / robomimic: data/demo_N/...) or "aloha" (one episode per file).
+  /// "libero" (LIBERO / robomimic: data/demo_N/...), "aloha" (one episode per file) or "lerobot" (LeRobot dataset
+  /// roots, v2.0/v2.1/v3.0; keys are LeRobot feature names).
   std::string format = "libero";
   /// Files, directories (every *.hdf5 / *.h5 inside) or glob patterns, e.g. "/data/libero_goal/*_demo.hdf5".
+  /// lerobot: dataset root folders (holding meta/info.json), combined in order.
   std::vector<std::string> paths;
   /// Model camera slot (base_0_rgb, left_wrist_0_rgb, right_wrist_0_rgb) -> dataset image key.
   /// Defaults: libero {base_0_rgb: agentview_rgb, left_wrist_0_rgb: eye_in_hand_rgb};
-  ///           aloha  {base_0_rgb: cam_high, left_wrist_0_rgb: cam_left_wrist, right_wrist_0_rgb: cam_right_wrist}.
+  ///           aloha  {base_0_rgb: cam_high, left_wrist_0_rgb: cam_left_wrist, right_wrist_0_rgb: cam_right_wrist};
+  ///           lerobot: openpi's LIBERO {base_0_rgb: image, left_wrist_0_rgb: wrist_image} or ALOHA
+  ///           observation.images.{cam_high, cam_left_wrist, cam_right_wrist}, chosen from the dataset's features.
   /// Slots without a key (or whose key is absent from a file) get zero images and mask false.
   std::map<std::string, std::string> cameras;
   /// Low-dim keys concatenated into the state vector. Defaults: libero [ee_states, gripper_states] (8-d: eef pos,
-  /// axis-angle, 2 finger joints, as openpi's LIBERO client); aloha [qpos] (14-d).
+  /// axis-angle, 2 finger joints, as openpi's LIBERO client); aloha [qpos] (14-d); lerobot [state] (openpi LIBERO)
+  /// or [observation.state].
   std::vector<std::string> state_keys;
-  /// Action key. Defaults: libero "actions" (7-d), aloha "action" (14-d).
+  /// Action key. Defaults: libero "actions" (7-d), aloha "action" (14-d), lerobot "actions" or "action".
   std::string action_key;
   /// Fixed prompt for every sample. Empty: libero reads data.attrs["problem_info"]["language_instruction"]
-  /// (falling back to the file name); aloha files store no language, so aloha requires it.
+  /// (falling back to the file name); aloha files store no language, so aloha requires it; lerobot uses the frame's
+  /// task (task_index → meta/tasks), as openpi's prompt_from_task.
   std::string prompt;
   /// H: length of the action chunk per sample (50 for the released pi0 models, 10 for pi05_libero).
   int64_t action_horizon = 50;
@@ -46,7 +54,7 @@ struct DatasetOptions {
   std::string flip_images = "auto";
   /// openpi's adapt_to_pi (data/aloha.h): state and actions converted to pi0's joint and gripper convention on
   /// read, so everything downstream (delta actions, norm stats, training) sees them. Default ("auto"): true for
-  /// aloha, false for libero.
+  /// aloha and ALOHA-like LeRobot datasets, false otherwise.
   std::string adapt_to_pi = "auto";
   /// Keep only the first N episodes (0 = all); for quick experiments.
   int64_t max_episodes = 0;
@@ -76,6 +84,8 @@ struct EpisodeInfo {
   std::string prompt;
   std::vector<std::string> camera_paths;  ///< per slot: full dataset path, "" when absent
   std::vector<bool> camera_jpeg;          ///< per slot: rows are JPEG bytes (ALOHA 2 compressed layout)
+  int64_t source_episode = 0;             ///< lerobot: index into LeRobotSource::episodes() of source `file`
+  std::vector<int64_t> frame_tasks;       ///< lerobot: task_index per frame (prompt from the tasks file), else empty
   torch::Tensor state;                    ///< [T,S] float32
   torch::Tensor actions;                  ///< [T,A] float32
 };
@@ -95,6 +105,9 @@ class RobotDataset {
   const EpisodeInfo& episode(int64_t e) const { return episodes_.at(static_cast<size_t>(e)); }
   const std::vector<std::string>& files() const { return file_paths_; }
 
+  /// The LeRobot source of an episode's `file` (format lerobot only).
+  const LeRobotSource& lerobot_source(int64_t file) const { return *lerobot_.at(static_cast<size_t>(file)); }
+
   /// Sample at global frame index `index` in [0, size()). Thread-safe.
   RawSample get(int64_t index) const;
   /// Action chunk [H,A] starting at frame t of episode e (repeat-last rule).
@@ -105,12 +118,16 @@ class RobotDataset {
  private:
   void open_file(int64_t file_index);
   void add_episode(int64_t file_index, const std::string& group, const std::string& file_prompt);
+  void open_lerobot(int64_t source_index);
+  /// Sets the state and action dims from the first episode and checks every later one against them.
+  void check_dims(const EpisodeInfo& ep, const std::string& state_what, const std::string& action_what);
   torch::Tensor read_frame(const EpisodeInfo& ep, size_t slot, int64_t t) const;
 
   DatasetOptions options_;
   bool flip_ = false;
   std::vector<std::string> file_paths_;
   std::vector<std::unique_ptr<H5File>> files_;
+  std::vector<std::unique_ptr<LeRobotSource>> lerobot_;  ///< format lerobot: one per dataset root
   std::vector<EpisodeInfo> episodes_;
   int64_t size_ = 0;
   int64_t state_dim_ = -1;

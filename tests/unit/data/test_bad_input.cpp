@@ -70,8 +70,8 @@ TEST_CASE("bad input: missing file, glob or directory", "[unit][data]") {
   o.paths = {};
   REQUIRE_THROWS_WITH(RobotDataset(o), Contains("dataset.paths: empty"));
   o.paths = {dir.file("text.hdf5")};
-  o.format = "lerobot";
-  REQUIRE_THROWS_WITH(RobotDataset(o), Contains("dataset.format: got 'lerobot'"));
+  o.format = "rlds";
+  REQUIRE_THROWS_WITH(RobotDataset(o), Contains("dataset.format: got 'rlds', expected 'libero', 'aloha' or 'lerobot'"));
 }
 
 TEST_CASE("bad input: missing key", "[unit][data]") {
