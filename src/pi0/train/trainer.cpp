@@ -254,13 +254,15 @@ std::optional<std::string> Trainer::pick_checkpoint(std::optional<int64_t> below
       check_checkpoint(dir, *it);
       return dir;
     } catch (const UserError& e) {
+      if (!newest_rejection_) newest_rejection_ = e.what();
       reject_checkpoint(dir, e.what());
     }
   }
   if (steps.empty()) return std::nullopt;
   throw UserError("checkpoint.run_dir '" + ck.run_dir + "': none of its " + std::to_string(steps.size()) +
-                  " complete checkpoints verifies (each is named in a warning above); restore one from a backup, or "
-                  "start a new run in another run_dir");
+                  " complete checkpoints verifies (newest: " + newest_rejection_.value_or("?") +
+                  "; any others are named in warnings above); restore one from a backup, or start a new run in "
+                  "another run_dir");
 }
 
 void Trainer::reject_checkpoint(const std::string& dir, const std::string& why) {

@@ -144,6 +144,7 @@ class Trainer {
   /// Checkpoints found unusable at resume: never deleted or overwritten (left for inspection), not counted by
   /// checkpoint.keep_last.
   std::set<int64_t> bad_steps_;
+  std::optional<std::string> newest_rejection_;  ///< why the newest rejected checkpoint failed (for the final error)
   /// Checkpoints known good: the one resumed from (verified) and those this process wrote (hashed as written).
   std::set<int64_t> verified_steps_;
   /// Small checkpoints: the frozen base the run builds on, and the parameters taken unchanged from it.
