@@ -31,17 +31,6 @@ namespace {
 // What the trainer logs when it starts building the model: absent from every run refused by its checks.
 const char* kBuildingModel = "building the model";
 
-// Exit code 2 and exactly one stderr line "<app>: error: ..." containing `text`; nothing about a stack trace.
-void check_user_error(const AppResult& r, const std::string& app, const std::string& text) {
-  INFO("stdout: " << r.out);
-  INFO("stderr: " << r.err);
-  CHECK(r.code == 2);
-  CHECK(r.err.rfind(app + ": error: ", 0) == 0);
-  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
-  CHECK_THAT(r.err, Contains(text));
-  CHECK_THAT(r.err + r.out, !Contains("frame #"));
-}
-
 // The tiny run's config as a file (the apps read files).
 std::string write_config(const TinyRun& run, const std::string& name, const std::string& run_dir,
                          const std::vector<std::string>& extra = {}) {

@@ -4,11 +4,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <optional>
 #include <string>
+
+#include <catch2/catch.hpp>
 
 #include "support/test_support.h"
 
@@ -47,6 +50,17 @@ inline std::optional<std::string> permission_checked_prefix() {
   const std::string setpriv = "setpriv --bounding-set=-dac_override,-dac_read_search ";
   if (std::system((setpriv + "true > /dev/null 2>&1").c_str()) == 0) return setpriv;
   return std::nullopt;
+}
+
+/// Exit code 2 and exactly one stderr line "<app>: error: ..." containing `text`; nothing about a stack trace.
+inline void check_user_error(const AppResult& r, const std::string& app, const std::string& text) {
+  INFO("stdout: " << r.out);
+  INFO("stderr: " << r.err);
+  CHECK(r.code == 2);
+  CHECK(r.err.rfind(app + ": error: ", 0) == 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+  CHECK_THAT(r.err, Catch::Contains(text));
+  CHECK_THAT(r.err + r.out, !Catch::Contains("frame #"));
 }
 
 }  // namespace pi0::testing

@@ -26,6 +26,7 @@
 #include "pi0/io/safetensors.h"
 #include "pi0/model/model_config.h"
 #include "pi0/model/param_layout.h"
+#include "support/app_process.h"
 #include "support/corrupt.h"
 #include "support/test_support.h"
 
@@ -127,34 +128,11 @@ io::ExportOptions export_options(const std::string& weights, torch::ScalarType d
   return o;
 }
 
-struct RunResult {
-  int code = -1;
-  std::string out, err;
-};
-
-RunResult run_app(const std::string& app, const std::string& args, const testing::TempDir& dir) {
-  const std::string out = dir.str("app_stdout.txt"), err = dir.str("app_stderr.txt");
-  const std::string cmd = std::string(PI0_BINARY_DIR) + "/" + app + " " + args + " > " + out + " 2> " + err;
-  const int status = std::system(cmd.c_str());
-  RunResult r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  auto slurp = [](const std::string& p) {
-    std::ifstream in(p);
-    return std::string((std::istreambuf_iterator<char>(in)), {});
-  };
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+// The built apps, run as users run them (tests/support/app_process.h).
+testing::AppResult run_app(const std::string& app, const std::string& args, const testing::TempDir& dir) {
+  return testing::run_app_process(app, args, dir);
 }
-
-// Exit code 2 and exactly one stderr line "<app>: error: ..." containing `text`.
-void check_user_error(const RunResult& r, const std::string& app, const std::string& text) {
-  INFO("stderr: " << r.err);
-  CHECK(r.code == 2);
-  CHECK(r.err.rfind(app + ": error: ", 0) == 0);
-  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
-  CHECK_THAT(r.err, Contains(text));
-}
+using testing::check_user_error;
 
 std::map<std::string, torch::Tensor> params(model::Pi0Impl& m) {
   std::map<std::string, torch::Tensor> out;
