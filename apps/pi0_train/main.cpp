@@ -18,8 +18,8 @@
 #include "pi0/common/logging.h"
 #include "pi0/common/threads.h"
 #include "pi0/config/config.h"
-#include "pi0/dist/dist_env.h"
-#include "pi0/dist/process_group.h"
+#include "pi0/distributed/dist_env.h"
+#include "pi0/distributed/process_group.h"
 #include "pi0/train/freeze.h"
 #include "pi0/train/signals.h"
 #include "pi0/train/trainer.h"
@@ -33,7 +33,7 @@ struct Args {
 };
 
 int print_params(const pi0::config::Config& cfg, const Args& args) {
-  const auto env = pi0::dist::dist_env_from_environment();
+  const auto env = pi0::distributed::dist_env_from_environment();
   const auto plan = pi0::train::plan_memory(cfg, env.world_size);
   const auto& b = plan.params;
   // A model built from scratch draws its random initialization in float32 before converting what is stored
@@ -93,7 +93,7 @@ int train_main(int argc, char** argv) {
 
   pi0::train::RunOptions run;
   run.resume = args.resume;
-  const auto env = pi0::dist::dist_env_from_environment();
+  const auto env = pi0::distributed::dist_env_from_environment();
   run.rank = env.rank;
   run.world_size = env.world_size;
   pi0::set_log_rank(static_cast<int>(run.rank));
@@ -101,7 +101,7 @@ int train_main(int argc, char** argv) {
     if (cfg.train.device == "cuda") cfg.train.device = "cuda:" + std::to_string(env.local_rank);  // one GPU per rank
     spdlog::info("rank {} of {} (local rank {}, launcher {}), device {}, rendezvous {}:{}", env.rank,
                  env.world_size, env.local_rank, env.launcher, cfg.train.device, env.master_addr, env.master_port);
-    run.process_group = std::make_shared<pi0::dist::ProcessGroup>(env, torch::Device(cfg.train.device),
+    run.process_group = std::make_shared<pi0::distributed::ProcessGroup>(env, torch::Device(cfg.train.device),
                                                                   std::chrono::seconds(cfg.dist.timeout_s));
   }
   spdlog::info("resolved config ({}):\n{}", args.config, YAML::Dump(pi0::config::to_yaml(cfg)));

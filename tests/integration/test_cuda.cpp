@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "pi0/dist/dist_env.h"
-#include "pi0/dist/process_group.h"
+#include "pi0/distributed/dist_env.h"
+#include "pi0/distributed/process_group.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/model/pi0.h"
 #include "pi0/train/metrics.h"
@@ -179,9 +179,9 @@ TEST_CASE("pi0-infer --device cuda reproduces the CPU actions", "[cuda]") {
 
 TEST_CASE("NCCL process group at world size 1: all-reduce and broadcast", "[cuda]") {
   if (!cuda_usable("NCCL process group")) return;
-  dist::DistEnv env;
+  distributed::DistEnv env;
   env.master_port = 29613;
-  dist::ProcessGroup pg(env, torch::Device("cuda:0"), std::chrono::milliseconds(60000));
+  distributed::ProcessGroup pg(env, torch::Device("cuda:0"), std::chrono::milliseconds(60000));
   CHECK(pg.backend_name() == "nccl");
   auto t = torch::arange(6, torch::TensorOptions().dtype(torch::kFloat32).device("cuda"));
   pg.all_reduce_sum(t, "test all-reduce");

@@ -7,7 +7,7 @@
 #include <system_error>
 
 #include "pi0/common/check.h"
-#include "pi0/dist/process_group.h"
+#include "pi0/distributed/process_group.h"
 #include "pi0/train/trainer.h"
 
 #ifndef PI0_VERSION
@@ -179,7 +179,7 @@ int run_app(const std::string& program, const std::function<int()>& main_fn) {
     return report("error", std::string(e.what()) + " (see --help)", kExitUserError);
   } catch (const train::TrainingError& e) {
     return report("training stopped", e.what(), kExitDiverged);
-  } catch (const dist::DistError& e) {
+  } catch (const distributed::DistError& e) {
     return report("distributed failure", e.what(), kExitDistributed);
   } catch (const std::filesystem::filesystem_error& e) {
     const auto what = strip_prefix(e.what(), "filesystem error: ");

@@ -20,7 +20,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/common/interrupt.h"
-#include "pi0/dist/consistency.h"
+#include "pi0/distributed/consistency.h"
 #include "pi0/io/manifest.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
@@ -379,7 +379,7 @@ void Trainer::build_model() {
   optimizer_ = std::make_unique<AdamW>(trainable, ao);
   if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(trainable, cfg_.train.ema_decay);
   if (pg_) {
-    reducer_ = std::make_unique<dist::GradReducer>(*pg_, trainable, cfg_.dist.bucket_size_mb << 20);
+    reducer_ = std::make_unique<distributed::GradReducer>(*pg_, trainable, cfg_.dist.bucket_size_mb << 20);
     if (options_.rank == 0) spdlog::info("data parallel: {} ranks, {} gradient buckets of <= {} MB, backend {}",
                                          options_.world_size, reducer_->num_buckets(), cfg_.dist.bucket_size_mb,
                                          pg_->backend_name());
@@ -397,8 +397,8 @@ void Trainer::build_model() {
 void Trainer::check_and_sync_replicas() {
   auto same_everywhere = cfg_;
   same_everywhere.train.device = device_.is_cuda() ? "cuda" : device_.str();  // cuda:LOCAL_RANK differs per rank
-  dist::check_same_on_all_ranks(*pg_, YAML::Dump(config::to_yaml(same_everywhere)),
-                                dist::parameter_layout_text(model_->named_parameters()));
+  distributed::check_same_on_all_ranks(*pg_, YAML::Dump(config::to_yaml(same_everywhere)),
+                                distributed::parameter_layout_text(model_->named_parameters()));
   std::vector<torch::Tensor> state;
   for (auto& p : model_->parameters()) state.push_back(p.data());
   for (auto& b : model_->buffers()) state.push_back(b);
@@ -446,7 +446,7 @@ int64_t Trainer::run() {
   const int64_t first_step = step_;
   double interval_loss = 0;
   int64_t interval_steps = 0;
-  dist::GradReducerStats interval_comm_start;  // reducer statistics at the start of the log interval
+  distributed::GradReducerStats interval_comm_start;  // reducer statistics at the start of the log interval
 
   while (step_ < t.num_steps) {
     const double lr = warmup_cosine_lr(step_, t.lr_warmup_steps, t.lr_peak, t.lr_decay_steps, t.lr_end);

@@ -12,8 +12,8 @@
 
 #include "pi0/config/config.h"
 #include "pi0/data/loader.h"
-#include "pi0/dist/grad_reducer.h"
-#include "pi0/dist/process_group.h"
+#include "pi0/distributed/grad_reducer.h"
+#include "pi0/distributed/process_group.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/model/activation_memory.h"
 #include "pi0/model/pi0.h"
@@ -30,7 +30,7 @@ struct RunOptions {
   int64_t world_size = 1;
   /// Data parallel: set when world_size > 1 (rank and world_size must match it). Gradients are averaged over
   /// ranks, rank 0 logs and writes checkpoints, every rank's RNG and loader position are checkpointed.
-  std::shared_ptr<dist::ProcessGroup> process_group;
+  std::shared_ptr<distributed::ProcessGroup> process_group;
 };
 
 /// Raised when training must stop (non-finite loss or gradient norm); names the step and rank.
@@ -101,7 +101,7 @@ class Trainer {
   /// Writes a checkpoint of the current state (run() calls it at save_interval and at the end).
   std::string save_checkpoint();
   /// Gradient all-reduce statistics (nullptr in single-process runs).
-  const dist::GradReducerStats* reducer_stats() const { return reducer_ ? &reducer_->stats() : nullptr; }
+  const distributed::GradReducerStats* reducer_stats() const { return reducer_ ? &reducer_->stats() : nullptr; }
 
  private:
   void build_model();
@@ -132,8 +132,8 @@ class Trainer {
   std::vector<bool> trainable_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;
-  std::shared_ptr<dist::ProcessGroup> pg_;      ///< null in single-process runs
-  std::unique_ptr<dist::GradReducer> reducer_;  ///< null in single-process runs
+  std::shared_ptr<distributed::ProcessGroup> pg_;      ///< null in single-process runs
+  std::unique_ptr<distributed::GradReducer> reducer_;  ///< null in single-process runs
   DataPipeline data_;
   /// Noise and flow-matching time; CPU, saved with checkpoints. Seeded alike on every rank: each rank draws the
   /// values of the whole global batch and keeps its slice, so results do not depend on the world size.

@@ -9,7 +9,7 @@
 
 #include "pi0/app/cli.h"
 #include "pi0/common/check.h"
-#include "pi0/dist/process_group.h"
+#include "pi0/distributed/process_group.h"
 #include "pi0/train/trainer.h"
 
 using Catch::Contains;
@@ -124,7 +124,7 @@ TEST_CASE("cli: run_app maps errors to exit codes with one line on stderr", "[un
   auto [diverged, diverged_err] = run_throwing(train::TrainingError("non-finite loss at step 3 on rank 0"));
   CHECK(diverged == app::kExitDiverged);
   CHECK(diverged_err == "pi0-demo: training stopped: non-finite loss at step 3 on rank 0\n");
-  auto [dist, dist_err] = run_throwing(dist::DistError("rank 1 timed out"));
+  auto [dist, dist_err] = run_throwing(distributed::DistError("rank 1 timed out"));
   CHECK(dist == app::kExitDistributed);
   CHECK_THAT(dist_err, StartsWith("pi0-demo: distributed failure: rank 1 timed out"));
   // A real bug: exit 1, one line, no C++ stack trace (c10::Error's what() carries one).

@@ -1,4 +1,4 @@
-#include "pi0/dist/grad_reducer.h"
+#include "pi0/distributed/grad_reducer.h"
 
 #include <map>
 #include <mutex>
@@ -9,7 +9,7 @@
 
 #include "pi0/common/check.h"
 
-namespace pi0::dist {
+namespace pi0::distributed {
 namespace {
 using Clock = std::chrono::steady_clock;
 
@@ -201,4 +201,4 @@ std::vector<std::vector<std::string>> GradReducer::bucket_names() const {
 
 const GradReducerStats& GradReducer::stats() const { return state_->stats; }
 
-}  // namespace pi0::dist
+}  // namespace pi0::distributed

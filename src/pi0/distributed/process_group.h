@@ -13,9 +13,9 @@
 
 #include <torch/torch.h>
 
-#include "pi0/dist/dist_env.h"
+#include "pi0/distributed/dist_env.h"
 
-namespace pi0::dist {
+namespace pi0::distributed {
 
 /// A collective failed or timed out (a peer died, hung, or the network broke). Names the operation and rank.
 class DistError : public std::runtime_error {
@@ -71,4 +71,4 @@ class ProcessGroup {
   std::chrono::milliseconds timeout_;
 };
 
-}  // namespace pi0::dist
+}  // namespace pi0::distributed

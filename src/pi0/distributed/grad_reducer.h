@@ -27,9 +27,9 @@
 
 #include <torch/torch.h>
 
-#include "pi0/dist/process_group.h"
+#include "pi0/distributed/process_group.h"
 
-namespace pi0::dist {
+namespace pi0::distributed {
 
 struct GradReducerStats {
   int64_t steps = 0;            ///< synchronized backward passes reduced
@@ -65,4 +65,4 @@ class GradReducer {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace pi0::dist
+}  // namespace pi0::distributed

@@ -1,10 +1,10 @@
-#include "pi0/dist/consistency.h"
+#include "pi0/distributed/consistency.h"
 
 #include <sstream>
 
 #include "pi0/common/check.h"
 
-namespace pi0::dist {
+namespace pi0::distributed {
 
 uint64_t fingerprint(const std::string& text) {
   uint64_t h = 1469598103934665603ull;
@@ -44,4 +44,4 @@ void check_same_on_all_ranks(ProcessGroup& pg, const std::string& config_text, c
   }
 }
 
-}  // namespace pi0::dist
+}  // namespace pi0::distributed

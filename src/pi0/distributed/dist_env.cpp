@@ -1,10 +1,10 @@
-#include "pi0/dist/dist_env.h"
+#include "pi0/distributed/dist_env.h"
 
 #include <cstdlib>
 
 #include "pi0/common/check.h"
 
-namespace pi0::dist {
+namespace pi0::distributed {
 namespace {
 
 using Getenv = std::function<const char*(const char*)>;
@@ -103,4 +103,4 @@ DistEnv dist_env_from_environment() {
   return dist_env_from([](const char* name) { return std::getenv(name); });
 }
 
-}  // namespace pi0::dist
+}  // namespace pi0::distributed

@@ -7,9 +7,9 @@
 
 #include <torch/torch.h>
 
-#include "pi0/dist/process_group.h"
+#include "pi0/distributed/process_group.h"
 
-namespace pi0::dist {
+namespace pi0::distributed {
 
 /// 64-bit FNV-1a of `text` (stable across platforms and runs).
 uint64_t fingerprint(const std::string& text);
@@ -21,4 +21,4 @@ std::string parameter_layout_text(const torch::OrderedDict<std::string, torch::T
 /// rank differs from rank 0, naming what differs (resolved config / parameter layout) and the ranks.
 void check_same_on_all_ranks(ProcessGroup& pg, const std::string& config_text, const std::string& layout_text);
 
-}  // namespace pi0::dist
+}  // namespace pi0::distributed

@@ -1,4 +1,4 @@
-// pi0::dist pieces in one process: environment parsing, and the GradReducer with two ranks on two threads
+// pi0::distributed pieces in one process: environment parsing, and the GradReducer with two ranks on two threads
 // (Gloo on 127.0.0.1), checked against gradients averaged by hand.
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -10,18 +10,18 @@
 #include <thread>
 
 #include "pi0/common/check.h"
-#include "pi0/dist/consistency.h"
-#include "pi0/dist/dist_env.h"
-#include "pi0/dist/grad_reducer.h"
-#include "pi0/dist/process_group.h"
+#include "pi0/distributed/consistency.h"
+#include "pi0/distributed/dist_env.h"
+#include "pi0/distributed/grad_reducer.h"
+#include "pi0/distributed/process_group.h"
 #include "pi0/nn/checkpoint.h"
 
 namespace {
 
-using pi0::dist::DistEnv;
+using pi0::distributed::DistEnv;
 
 DistEnv parse(const std::map<std::string, std::string>& vars) {
-  return pi0::dist::dist_env_from([&](const char* name) -> const char* {
+  return pi0::distributed::dist_env_from([&](const char* name) -> const char* {
     auto it = vars.find(name);
     return it == vars.end() ? nullptr : it->second.c_str();
   });
@@ -60,8 +60,8 @@ TEST_CASE("dist env: single process, torchrun and SLURM", "[unit][dist]") {
   CHECK(s.local_rank == 1);
   CHECK(s.master_addr == "gpu007");
   CHECK(s.master_port == 20000 + 123456 % 20000);
-  CHECK(pi0::dist::first_host_of_nodelist("node7") == "node7");
-  CHECK(pi0::dist::first_host_of_nodelist("a[1-2]-ib,b") == "a1-ib");
+  CHECK(pi0::distributed::first_host_of_nodelist("node7") == "node7");
+  CHECK(pi0::distributed::first_host_of_nodelist("a[1-2]-ib,b") == "a1-ib");
 }
 
 TEST_CASE("dist env: bad values name the variable", "[unit][dist]") {
@@ -127,11 +127,11 @@ TEST_CASE("GradReducer averages gradients over two ranks", "[unit][dist]") {
       env.rank = rank;
       env.world_size = 2;
       env.master_port = port;
-      pi0::dist::ProcessGroup pg(env, torch::kCPU, std::chrono::seconds(30));
+      pi0::distributed::ProcessGroup pg(env, torch::kCPU, std::chrono::seconds(30));
       Replica m(with_unused);
       // Filled from the last parameter: [d] (float64), [unused, w2] (268 B), [w1] (1 KiB > 600 B). The second
       // bucket only completes in wait() (unused), so the third, ready early, waits for it: launches stay in order.
-      pi0::dist::GradReducer reducer(pg, m.params, 600);
+      pi0::distributed::GradReducer reducer(pg, m.params, 600);
       if (rank == 0) buckets = reducer.num_buckets();
       for (int step = 0; step < 2; ++step) {  // twice: the reducer's per-step state must reset
         for (auto& [n, p] : m.params) p.mutable_grad() = torch::Tensor();
@@ -143,7 +143,7 @@ TEST_CASE("GradReducer averages gradients over two ranks", "[unit][dist]") {
       }
       for (auto& [n, p] : m.params) got[rank][n] = p.grad();
       if (rank == 0) rereductions = reducer.stats().rereductions;
-      pi0::dist::check_same_on_all_ranks(pg, "config", "layout");
+      pi0::distributed::check_same_on_all_ranks(pg, "config", "layout");
     } catch (const std::exception& e) {
       errors[rank] = e.what();
     }
@@ -177,8 +177,8 @@ TEST_CASE("consistency check names what differs", "[unit][dist]") {
       env.rank = rank;
       env.world_size = 2;
       env.master_port = port;
-      pi0::dist::ProcessGroup pg(env, torch::kCPU, std::chrono::seconds(30));
-      pi0::dist::check_same_on_all_ranks(pg, "same config", rank == 0 ? "layout a" : "layout b");
+      pi0::distributed::ProcessGroup pg(env, torch::kCPU, std::chrono::seconds(30));
+      pi0::distributed::check_same_on_all_ranks(pg, "same config", rank == 0 ? "layout a" : "layout b");
     } catch (const std::exception& e) {
       errors[rank] = e.what();
     }

@@ -2,7 +2,7 @@
 // derive from c10d::ProcessGroup in 1.x and from c10d::Backend in 2.x; both expose the same collective calls.
 // The backend headers are guarded by USE_C10D_GLOO / USE_C10D_NCCL; LibTorch's CMake config exports them for some
 // builds only, so they are defined here (for this file) when the headers they need are present.
-#include "pi0/dist/process_group.h"
+#include "pi0/distributed/process_group.h"
 
 #include <torch/version.h>
 
@@ -34,7 +34,7 @@
 #include "pi0/common/check.h"
 #include "pi0/common/log_line.h"
 
-namespace pi0::dist {
+namespace pi0::distributed {
 namespace {
 
 #if TORCH_VERSION_MAJOR >= 2
@@ -278,4 +278,4 @@ std::unique_ptr<PendingWork> ProcessGroup::all_reduce_sum_async(torch::Tensor t,
                                            timeout_, device_.is_cpu());
 }
 
-}  // namespace pi0::dist
+}  // namespace pi0::distributed

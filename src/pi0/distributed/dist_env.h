@@ -5,7 +5,7 @@
 #include <functional>
 #include <string>
 
-namespace pi0::dist {
+namespace pi0::distributed {
 
 struct DistEnv {
   int64_t rank = 0;             ///< global rank, 0 … world_size − 1
@@ -34,4 +34,4 @@ DistEnv dist_env_from(const std::function<const char*(const char*)>& getenv);
 /// First host of a SLURM node list: "gpu[003-005,9],cpu1" → "gpu003"; "node7" → "node7".
 std::string first_host_of_nodelist(const std::string& nodelist);
 
-}  // namespace pi0::dist
+}  // namespace pi0::distributed
