@@ -451,6 +451,8 @@ void validate(const Config& c) {
           "'" + k.resume_policy + "'", "newest_verified or strict");
   require(c.dist.bucket_size_mb > 0, "dist.bucket_size_mb", c.dist.bucket_size_mb, "> 0");
   require(c.dist.timeout_s > 0, "dist.timeout_s", c.dist.timeout_s, "> 0");
+  require(c.dist.shard == "none" || c.dist.shard == "optimizer" || c.dist.shard == "gradients", "dist.shard",
+          "'" + c.dist.shard + "'", "none, optimizer or gradients");
 }
 
 YAML::Node to_yaml(const Config& config) {

@@ -228,11 +228,13 @@ struct CheckpointConfig {
 struct DistConfig {
   int64_t bucket_size_mb = 25;
   int64_t timeout_s = 300;
+  std::string shard = "none";
 
   template <class V>
   void visit(V& v) {
     v("bucket_size_mb", bucket_size_mb, "gradient all-reduce bucket size in MB");
     v("timeout_s", timeout_s, "seconds before a collective waiting on a dead or hung rank fails the run");
+    v("shard", shard, "what data-parallel ranks partition instead of replicating: none; optimizer (AdamW moments and EMA, ZeRO-1); gradients (also the gradients, ZeRO-2). See docs/distributed.md");
   }
 };
 

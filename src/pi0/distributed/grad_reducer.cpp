@@ -3,11 +3,8 @@
 #include <map>
 #include <mutex>
 
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
-
 #include "pi0/common/check.h"
+#include "pi0/distributed/grad_hooks.h"
 
 namespace pi0::distributed {
 namespace {
@@ -35,7 +32,7 @@ struct GradReducer::State {
   bool any_launched = false;
   Clock::time_point first_launch;
   GradReducerStats stats;
-  std::vector<std::pair<std::shared_ptr<torch::autograd::Node>, uintptr_t>> hooks;
+  std::unique_ptr<GradAccumulationHooks> hooks;
   std::mutex mutex;
 
   void launch(size_t b) {
@@ -74,18 +71,6 @@ struct GradReducer::State {
   }
 };
 
-namespace {
-struct AccumulatedHook final : torch::autograd::FunctionPostHook {
-  AccumulatedHook(std::weak_ptr<GradReducer::State> s, size_t i) : state(std::move(s)), index(i) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    if (auto s = state.lock()) s->on_grad_accumulated(index);
-    return outputs;
-  }
-  std::weak_ptr<GradReducer::State> state;
-  size_t index;
-};
-}  // namespace
 
 GradReducer::GradReducer(ProcessGroup& pg, std::vector<std::pair<std::string, torch::Tensor>> params,
                          int64_t bucket_bytes)
@@ -126,17 +111,13 @@ GradReducer::GradReducer(ProcessGroup& pg, std::vector<std::pair<std::string, to
     bucket.flat = torch::zeros({bucket.offsets.back() + last.numel()}, last.options().requires_grad(false));
     bucket.pending = static_cast<int64_t>(bucket.params.size());
   }
-  for (size_t i = 0; i < s.params.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
-    PI0_CHECK(acc, "GradReducer: no gradient accumulator for '", s.names[i], "'");
-    const auto key = acc->add_post_hook(std::make_unique<AccumulatedHook>(state_, i));
-    s.hooks.emplace_back(std::move(acc), key);
-  }
+  std::weak_ptr<State> weak = state_;
+  s.hooks = std::make_unique<GradAccumulationHooks>(s.params, [weak](size_t i) {
+    if (auto state = weak.lock()) state->on_grad_accumulated(i);
+  });
 }
 
-GradReducer::~GradReducer() {
-  for (auto& [node, key] : state_->hooks) node->del_post_hook(key);
-}
+GradReducer::~GradReducer() { state_->hooks.reset(); }
 
 void GradReducer::enable_sync(bool sync) {
   std::lock_guard<std::mutex> lock(state_->mutex);

@@ -5,12 +5,7 @@
 // copied into a flat buffer and its all-reduce starts asynchronously while backward continues. wait() finishes
 // the step: it launches what never became ready (unused parameters count as zeros), waits, divides by the world
 // size and copies the averages back into the .grad tensors.
-//
-// Why a post hook on the AccumulateGrad node and not Tensor::register_hook: a tensor hook sees the incoming
-// gradient of one backward before it is added to .grad, so with gradient accumulation the bucket would hold only
-// the last micro-step; the AccumulateGrad post hook runs after the addition and reads the complete .grad. (2.1+
-// has Tensor::register_post_accumulate_grad_hook for the same thing; 1.13 does not.) The node is held here so
-// every graph reuses it and the hook stays attached.
+// The trigger is a GradAccumulationHooks callback (grad_hooks.h says why it is the AccumulateGrad post hook).
 //
 // Launch order: buckets are launched strictly in index order (a ready bucket waits for its predecessors), so every
 // rank issues the same collectives in the same order even if hooks fire in a slightly different order.

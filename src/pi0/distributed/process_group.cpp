@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include <sstream>
@@ -276,6 +277,51 @@ std::unique_ptr<PendingWork> ProcessGroup::all_reduce_sum_async(torch::Tensor t,
   }
   return std::make_unique<PendingWorkImpl>(impl_.get(), std::move(work), buf[0], std::move(t), what, timeout_seconds(),
                                            timeout_, device_.is_cpu());
+}
+
+std::unique_ptr<PendingWork> ProcessGroup::reduce_sum_async(torch::Tensor t, int64_t root, const std::string& what) {
+  PI0_CHECK(t.device() == device_ && t.is_contiguous(), "reduce_sum_async: tensor must be contiguous on ",
+            device_.str());
+  std::vector<at::Tensor> buf{t.to(impl_->wire_dtype(t.scalar_type()))};
+  c10d::ReduceOptions opts;
+  opts.rootRank = root;
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = impl_->backend->reduce(buf, opts);
+  } catch (const std::exception& e) {
+    impl_->fail(what, e, timeout_seconds());
+  }
+  return std::make_unique<PendingWorkImpl>(impl_.get(), std::move(work), buf[0], std::move(t), what, timeout_seconds(),
+                                           timeout_, device_.is_cpu());
+}
+
+std::unique_ptr<PendingWork> ProcessGroup::broadcast_async(torch::Tensor t, int64_t root, const std::string& what) {
+  PI0_CHECK(t.device() == device_ && t.is_contiguous(), "broadcast_async: tensor must be contiguous on ",
+            device_.str());
+  std::vector<at::Tensor> buf{t.to(impl_->wire_dtype(t.scalar_type()))};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = impl_->backend->broadcast(buf, opts);
+  } catch (const std::exception& e) {
+    impl_->fail(what, e, timeout_seconds());
+  }
+  return std::make_unique<PendingWorkImpl>(impl_.get(), std::move(work), buf[0], std::move(t), what, timeout_seconds(),
+                                           timeout_, device_.is_cpu());
+}
+
+std::string ProcessGroup::broadcast_text(const std::string& text, int64_t root, const std::string& what) {
+  auto length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64);
+  std::vector<torch::Tensor> l{length.to(device_)};
+  broadcast(l, root, what);
+  const int64_t n = l[0].to(torch::kCPU).item<int64_t>();
+  auto bytes = torch::zeros({std::max<int64_t>(n, 1)}, torch::kUInt8);
+  if (rank_ == root) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
+  std::vector<torch::Tensor> b{bytes.to(device_)};
+  broadcast(b, root, what);
+  const auto host = b[0].to(torch::kCPU);
+  return std::string(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(n));
 }
 
 }  // namespace pi0::distributed

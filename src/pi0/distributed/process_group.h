@@ -58,6 +58,13 @@ class ProcessGroup {
   std::vector<torch::Tensor> all_gather(const torch::Tensor& t, const std::string& what);
   /// Starts a sum all-reduce of `t` (contiguous, on device()) in place; the caller keeps `t` alive until wait().
   std::unique_ptr<PendingWork> all_reduce_sum_async(torch::Tensor t, const std::string& what);
+  /// Starts a sum reduction of every rank's `t` (contiguous, on device(), same shape everywhere) into rank
+  /// `root`'s `t`; on the other ranks `t` is scratch afterwards. The caller keeps `t` alive until wait().
+  std::unique_ptr<PendingWork> reduce_sum_async(torch::Tensor t, int64_t root, const std::string& what);
+  /// Starts a broadcast of rank `root`'s `t` (contiguous, on device()) into every other rank's `t`, in place.
+  std::unique_ptr<PendingWork> broadcast_async(torch::Tensor t, int64_t root, const std::string& what);
+  /// Rank `root`'s `text`, on every rank.
+  std::string broadcast_text(const std::string& text, int64_t root, const std::string& what);
 
   /// Seconds of dist.timeout_s, for messages.
   double timeout_seconds() const { return static_cast<double>(timeout_.count()) / 1000.0; }

@@ -15,6 +15,7 @@
 #include "pi0/io/manifest.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
+#include "pi0/io/sharded_state.h"
 #include "pi0/model/model_config.h"
 #include "pi0/nn/dense.h"
 #include "pi0/nn/param_device.h"
@@ -123,7 +124,9 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
   if (options.dtype != torch::kBFloat16 && options.dtype != torch::kFloat32)
     throw UserError("--dtype: expected bf16 or float32");
   verify_directory(checkpoint_dir, "checkpoint");
-  const bool has_ema = fs::exists(ckpt / kEmaFile);
+  // EMA weights: one file, or one per rank of a run with dist.shard (pieces of the same tensors).
+  const auto ema_files = state_files(checkpoint_dir, "ema");
+  const bool has_ema = !ema_files.empty();
   std::string weights = options.weights;
   if (weights.empty()) {
     weights = has_ema ? "ema" : "model";
@@ -184,17 +187,26 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
   }
   load_checkpoint_weights(*model, checkpoint_dir, options.base_weights, "--base-weights NEW_PATH");
   if (weights == "ema") {
-    SafetensorsFile ema((ckpt / kEmaFile).string());
-    std::map<std::string, torch::Tensor> averages;
-    for (const auto& n : ema.names()) averages[n] = ema.get(n);  // views of the mapping, copied one at a time
-    LoadOptions lo;
-    lo.strict = false;  // EMA covers the trainable parameters only; the rest stay from model.safetensors
-    auto report = load_named_weights(*model, averages, ema.path(), lo);
-    if (!report.unexpected.empty()) {
-      throw UserError(ema.path() + ": tensor '" + report.unexpected.front() +
-                      "' is not a parameter of the model in " + (ckpt / kConfigYaml).string());
+    // EMA covers the trainable parameters only; the rest stay from model.safetensors. Read tensor by tensor
+    // (converted to the parameter's dtype on the way), stitched together from the ranks' pieces if sharded.
+    StateReader ema(ema_files);
+    std::map<std::string, torch::Tensor> params;
+    for (auto& item : model->named_parameters()) params.emplace(item.key(), item.value());
+    std::vector<StateReader::Request> requests;
+    for (const auto& [name, numel] : ema.numels()) {
+      const auto it = params.find(name);
+      if (it == params.end()) {
+        throw UserError(ema.describe() + ": tensor '" + name + "' is not a parameter of the model in " +
+                        (ckpt / kConfigYaml).string());
+      }
+      if (it->second.numel() != numel) {
+        throw UserError(ema.describe() + ": tensor '" + name + "' has " + std::to_string(numel) +
+                        " elements, but the parameter has " + std::to_string(it->second.numel()));
+      }
+      requests.push_back({name, 0, it->second.data()});
     }
-    spdlog::info("overlaid {} EMA tensors from {}", report.loaded.size(), ema.path());
+    ema.read(requests, /*exact_dtype=*/false);
+    spdlog::info("overlaid {} EMA tensors from {}", requests.size(), ema.describe());
   }
   ExportReport rep;
   rep.checkpoint_dir = checkpoint_dir;

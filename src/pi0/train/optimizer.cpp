@@ -55,6 +55,14 @@ AdamW::AdamW(NamedTensors params, AdamWOptions options) : params_(std::move(para
 }
 
 void AdamW::step(double lr) {
+  std::vector<torch::Tensor> grads;
+  for (const auto& [name, p] : params_) grads.push_back(p.grad());
+  step(lr, grads);
+}
+
+void AdamW::step(double lr, const std::vector<torch::Tensor>& grads_in) {
+  PI0_CHECK(grads_in.size() == params_.size(), "AdamW::step: ", grads_in.size(), " gradients for ", params_.size(),
+            " parameters");
   torch::NoGradGuard no_grad;
   ++step_;
   const double b1 = options_.beta1, b2 = options_.beta2;
@@ -68,7 +76,7 @@ void AdamW::step(double lr) {
     std::vector<torch::Tensor> ps, gs, avgs, sqs;
     for (size_t i = 0; i < params_.size(); ++i) {
       const auto& p = params_[i].second;
-      auto grad = p.grad();
+      auto grad = grads_in[i];
       if (!grad.defined()) continue;
       if (grad.scalar_type() != p.scalar_type()) grad = grad.to(p.scalar_type());
       ps.push_back(p), gs.push_back(grad), avgs.push_back(exp_avg_[i]), sqs.push_back(exp_avg_sq_[i]);
@@ -89,7 +97,7 @@ void AdamW::step(double lr) {
 #endif
   for (size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i].second;
-    auto grad = p.grad();
+    auto grad = grads_in[i];
     if (!grad.defined()) continue;
     if (grad.scalar_type() != p.scalar_type()) grad = grad.to(p.scalar_type());
     // Same operation order as torch.optim.AdamW's single-tensor implementation.
@@ -164,14 +172,20 @@ void AdamW::load_state_dict(const std::map<std::string, torch::Tensor>& state, c
 }
 
 double clip_grad_norm(std::vector<torch::Tensor>& params, double max_norm) {
+  std::vector<torch::Tensor> grads;
+  for (auto& p : params) grads.push_back(p.grad());
+  return clip_gradients(grads, max_norm);
+}
+
+double clip_gradients(const std::vector<torch::Tensor>& grads_in, double max_norm,
+                      const std::function<double(double)>& sum_over_ranks) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
-  for (auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return 0.0;
+  for (const auto& g : grads_in)
+    if (g.defined()) grads.push_back(g);
   torch::Tensor sum_sq;
 #if PI0_HAVE_FOREACH
-  if (grads[0].is_cuda()) {
+  if (!grads.empty() && grads[0].is_cuda()) {
     // One fused launch per group for the per-tensor norms, one host sync for the total. Per-tensor norms are
     // float32 (accumulated in float32 by the kernel), combined in float64.
     for_each_group({&grads}, [&](const std::vector<std::vector<torch::Tensor>>& l) {
@@ -193,8 +207,10 @@ double clip_grad_norm(std::vector<torch::Tensor>& params, double max_norm) {
       }
     }
   }
-  const double norm = std::sqrt(sum_sq.item<double>());
-  if (!std::isfinite(norm)) return norm;
+  double total = sum_sq.defined() ? sum_sq.item<double>() : 0.0;
+  if (sum_over_ranks) total = sum_over_ranks(total);
+  const double norm = std::sqrt(total);
+  if (!std::isfinite(norm) || grads.empty()) return norm;
   if (norm > max_norm) {
     const double coef = max_norm / (norm + 1e-6);
 #if PI0_HAVE_FOREACH

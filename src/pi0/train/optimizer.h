@@ -42,13 +42,19 @@ class AdamW {
   /// `params`: (state_dict name, parameter) of every trainable parameter; names must be unique.
   explicit AdamW(NamedTensors params, AdamWOptions options = {});
 
-  /// One update with learning rate `lr` (from the schedule, evaluated at the 0-based update index).
+  /// One update with learning rate `lr` (from the schedule, evaluated at the 0-based update index), from each
+  /// parameter's .grad.
   void step(double lr);
+  /// The same from explicit gradients, aligned with params() (undefined = no gradient this step): for sharded
+  /// training, whose parameters are views of owned elements and whose gradients live elsewhere.
+  void step(double lr, const std::vector<torch::Tensor>& grads);
   /// Drops all gradients (set_to_none).
   void zero_grad();
 
-  /// Number of step() calls so far (also restored by load_state_dict).
+  /// Number of step() calls so far (also restored by load_state_dict and restore_step_count).
   int64_t step_count() const { return step_; }
+  /// For state read back piece by piece (sharded checkpoints) into the tensors of state_dict().
+  void restore_step_count(int64_t step) { step_ = step; }
   const AdamWOptions& options() const { return options_; }
   const NamedTensors& params() const { return params_; }
 
@@ -83,5 +89,9 @@ void for_each_group(const std::vector<std::vector<torch::Tensor>*>& lists,
 /// torch.nn.utils.clip_grad_norm_. A non-finite norm is returned with the gradients left untouched, so the
 /// caller can stop before optimizer.step().
 double clip_grad_norm(std::vector<torch::Tensor>& params, double max_norm);
+/// The same over gradient tensors (undefined ones skipped). `sum_over_ranks` (when set) turns this rank's sum of
+/// squares into the global one: with sharded gradients each rank holds a disjoint part.
+double clip_gradients(const std::vector<torch::Tensor>& grads, double max_norm,
+                      const std::function<double(double)>& sum_over_ranks = {});
 
 }  // namespace pi0::train

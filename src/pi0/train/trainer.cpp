@@ -24,6 +24,7 @@
 #include "pi0/io/manifest.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
+#include "pi0/io/sharded_state.h"
 #include "pi0/model/model_config.h"
 #include "pi0/model/param_layout.h"
 #include "pi0/nn/dense.h"
@@ -191,8 +192,10 @@ std::optional<std::string> Trainer::check_run_dir() {
                     std::to_string(steps.back()) + "); pass --resume to continue it, or choose another run_dir");
   }
   if (dir) {
-    for (const char* f : {"model.safetensors", "optimizer.safetensors", kTrainerStateFile, "rng.safetensors"}) {
-      const auto path = (fs::path(*dir) / f).string();
+    auto files = io::state_files(*dir, "optimizer");
+    if (files.empty()) files.push_back((fs::path(*dir) / "optimizer.safetensors").string());
+    for (const char* f : {"model.safetensors", kTrainerStateFile, "rng.safetensors"}) files.push_back((fs::path(*dir) / f).string());
+    for (const auto& path : files) {
       if (!fs::exists(path)) throw UserError(path + ": missing from the checkpoint");
       if (!std::ifstream(path)) throw UserError(path + ": cannot be read (" + std::strerror(errno) + ")");
     }
@@ -214,7 +217,9 @@ std::optional<std::string> Trainer::check_run_dir() {
 
 void Trainer::check_checkpoint(const std::string& dir, int64_t step) const {
   const fs::path d(dir);
-  for (const char* f : {"model.safetensors", "optimizer.safetensors", kTrainerStateFile, "rng.safetensors"}) {
+  if (io::state_files(dir, "optimizer").empty())
+    throw UserError((d / "optimizer.safetensors").string() + ": missing from the checkpoint");
+  for (const char* f : {"model.safetensors", kTrainerStateFile, "rng.safetensors"}) {
     if (!fs::exists(d / f)) throw UserError((d / f).string() + ": missing from the checkpoint");
   }
   // The step is recorded four ways (directory name, trainer_state.json, manifest.json, each safetensors file's
@@ -371,18 +376,44 @@ void Trainer::build_model() {
     if (trainable_[i++]) trainable.emplace_back(item.key(), item.value());
   }
   if (trainable.empty()) throw UserError("train.freeze '" + cfg_.train.freeze + "' leaves nothing to train");
+  trainable_params_ = trainable;
   AdamWOptions ao;
   ao.beta1 = cfg_.train.adam_b1;
   ao.beta2 = cfg_.train.adam_b2;
   ao.eps = cfg_.train.adam_eps;
   ao.weight_decay = cfg_.train.weight_decay;
-  optimizer_ = std::make_unique<AdamW>(trainable, ao);
-  if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(trainable, cfg_.train.ema_decay);
+  shard_mode_ = distributed::parse_shard_mode(cfg_.dist.shard);
+  if (!pg_ && shard_mode_ != distributed::ShardMode::kNone) {
+    spdlog::info("dist.shard={}: nothing to partition in a single-process run", cfg_.dist.shard);
+    shard_mode_ = distributed::ShardMode::kNone;
+  }
+  // What this rank's AdamW and EMA update: everything, or (sharded) views of the elements it owns.
+  NamedTensors updated = trainable;
+  if (shard_mode_ != distributed::ShardMode::kNone) {
+    shards_ = std::make_unique<distributed::ParameterShards>(*pg_, trainable);
+    updated = shards_->owned_views();
+  }
+  optimizer_ = std::make_unique<AdamW>(updated, ao);
+  if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(updated, cfg_.train.ema_decay);
   if (pg_) {
-    reducer_ = std::make_unique<distributed::GradReducer>(*pg_, trainable, cfg_.dist.bucket_size_mb << 20);
-    if (options_.rank == 0) spdlog::info("data parallel: {} ranks, {} gradient buckets of <= {} MB, backend {}",
-                                         options_.world_size, reducer_->num_buckets(), cfg_.dist.bucket_size_mb,
-                                         pg_->backend_name());
+    const int64_t bucket_bytes = cfg_.dist.bucket_size_mb << 20;
+    if (shard_mode_ == distributed::ShardMode::kGradients) {
+      sharded_reducer_ = std::make_unique<distributed::ShardedGradReducer>(*pg_, trainable, shards_->layout(),
+                                                                           2 * bucket_bytes);
+      if (options_.rank == 0) spdlog::info("data parallel: {} ranks, gradients reduced to their owners (at most {} MB "
+                                           "in flight), backend {}", options_.world_size, 2 * cfg_.dist.bucket_size_mb,
+                                           pg_->backend_name());
+    } else {
+      reducer_ = std::make_unique<distributed::GradReducer>(*pg_, trainable, bucket_bytes);
+      if (options_.rank == 0) spdlog::info("data parallel: {} ranks, {} gradient buckets of <= {} MB, backend {}",
+                                           options_.world_size, reducer_->num_buckets(), cfg_.dist.bucket_size_mb,
+                                           pg_->backend_name());
+    }
+    if (shards_ && options_.rank == 0) {
+      spdlog::info("dist.shard={}: each rank keeps AdamW state{} for its share of the trainable elements (largest "
+                   "share {:.1f} MB)", cfg_.dist.shard, ema_ ? " and EMA" : "",
+                   static_cast<double>(shards_->layout().max_bytes()) / 1e6);
+    }
   }
 
   if (options_.rank == 0) {
@@ -462,6 +493,11 @@ int64_t Trainer::run() {
     ++step_;
     interval_loss += loss_value;
     ++interval_steps;
+    if (pg_ && step_ == first_step + 1) {
+      const auto held = rank_state_bytes();
+      spdlog::info("rank {} of {} holds {} bytes of AdamW state, {} of EMA and {} of gradients (dist.shard={})",
+                   options_.rank, options_.world_size, held.optimizer, held.ema, held.grads, cfg_.dist.shard);
+    }
 
     if (step_ % t.log_interval == 0 || step_ == t.num_steps) {
       double mean_loss = interval_loss / static_cast<double>(interval_steps);
@@ -481,10 +517,10 @@ int64_t Trainer::run() {
                                               {"samples_per_s", samples_per_s},
                                               {"step_time_s", step_time},
                                               {"step_cpu_s", step_cpu}};
-      if (reducer_) {
+      if (const auto* stats = reducer_stats()) {
         // Per step: the gradient all-reduce span (first bucket launched → last done) and the part of it backward
         // did not hide (time in wait()).
-        const auto& c = reducer_->stats();
+        const auto& c = *stats;
         const double n = static_cast<double>(std::max<int64_t>(c.steps - interval_comm_start.steps, 1));
         record["comm_s"] = (c.comm_seconds - interval_comm_start.comm_seconds) / n;
         record["comm_exposed_s"] = (c.wait_seconds - interval_comm_start.wait_seconds) / n;
@@ -551,14 +587,38 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
     auto loss = model_->compute_loss(obs, actions, noise, time).mean();
     (loss / static_cast<double>(n_micro)).backward();
     loss_sum += loss.item<double>();
+    if (sharded_reducer_) sharded_reducer_->wait();  // every micro-step: owners accumulate, the rest is freed
   }
   if (reducer_) reducer_->wait();  // gradients are now the mean over ranks, identical everywhere
   nn::clear_cast_cache(*model_);   // the step's bf16 weight copies: the optimizer is about to change the weights
   result.loss = loss_sum / static_cast<double>(n_micro);
   const double max_norm = t.clip_grad_norm > 0 ? t.clip_grad_norm : std::numeric_limits<double>::infinity();
-  std::vector<torch::Tensor> trainable_params;
-  for (const auto& [name, p] : optimizer_->params()) trainable_params.push_back(p);
-  result.grad_norm = clip_grad_norm(trainable_params, max_norm);
+  // The gradients this rank's optimizer applies: all of them, or the owned elements' (sharded).
+  std::vector<torch::Tensor> grads;
+  if (sharded_reducer_) {
+    grads = sharded_reducer_->finish_step();
+  } else if (shards_) {
+    grads = shards_->owned_grad_views();
+  } else {
+    for (const auto& [name, p] : trainable_params_) grads.push_back(p.grad());
+  }
+  last_grad_bytes_ = 0;
+  if (sharded_reducer_) {
+    last_grad_bytes_ = sharded_reducer_->held_bytes();
+  } else {
+    for (const auto& [name, p] : trainable_params_)
+      if (p.grad().defined()) last_grad_bytes_ += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
+  }
+  std::function<double(double)> sum_over_ranks;
+  if (shards_) {
+    // Each rank holds a disjoint part of the gradient: the squared norms add up across ranks.
+    sum_over_ranks = [this](double local) {
+      auto x = torch::tensor({local}, torch::kFloat64);
+      pg_->all_reduce_sum(x, "gradient norm");
+      return x.item<double>();
+    };
+  }
+  result.grad_norm = clip_gradients(grads, max_norm, sum_over_ranks);
   // Decisions every rank must take alike: a non-finite loss on any rank, a stop signal on any rank.
   bool loss_finite = std::isfinite(result.loss);
   result.stop = stop_requested();
@@ -574,7 +634,7 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
       spdlog::warn("step {} on rank {}: non-finite loss ({}) or gradient norm ({}); update skipped ({} of {} "
                    "allowed by train.max_nonfinite_skips)",
                    step_ + 1, options_.rank, result.loss, result.grad_norm, nonfinite_skips_, t.max_nonfinite_skips);
-      optimizer_->zero_grad();
+      zero_grads();
       result.skipped = true;
       return result;
     }
@@ -584,14 +644,48 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
                         "); stopped before the optimizer step. Look for near-constant dimensions in " +
                         "data.norm_stats, lower train.lr_peak, or allow skips with train.max_nonfinite_skips");
   }
-  optimizer_->step(lr);
-  optimizer_->zero_grad();
+  optimizer_->step(lr, grads);
+  grads.clear();
+  zero_grads();
+  // Every rank's updated elements reach all ranks before the EMA (which reads only owned ones) and the next forward.
+  if (shards_) shards_->broadcast_updates(2 * (cfg_.dist.bucket_size_mb << 20));
   if (ema_) ema_->update();
   return result;
 }
 
+void Trainer::zero_grads() {
+  for (auto& [name, p] : trainable_params_)
+    if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
+  if (sharded_reducer_) sharded_reducer_->clear();
+}
+
+Trainer::RankStateBytes Trainer::rank_state_bytes() const {
+  auto bytes = [](const std::map<std::string, torch::Tensor>& state) {
+    int64_t n = 0;
+    for (const auto& [key, t] : state)
+      if (t.dim() > 0) n += t.numel() * static_cast<int64_t>(t.element_size());  // not the step count
+    return n;
+  };
+  RankStateBytes b;
+  b.optimizer = bytes(optimizer_->state_dict());
+  if (ema_) b.ema = bytes(ema_->state_dict());
+  b.grads = last_grad_bytes_;
+  return b;
+}
+
+namespace {
+// XXH3 digests travel between ranks as int64 tensors: parse and print the manifest's 16-hex-digit form.
+int64_t digest_bits(const std::string& hex) { return static_cast<int64_t>(std::stoull(hex, nullptr, 16)); }
+std::string digest_hex(int64_t bits) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(static_cast<uint64_t>(bits)));
+  return buf;
+}
+}  // namespace
+
 std::string Trainer::save_checkpoint() {
   const auto& ck = cfg_.checkpoint;
+  const bool rank0 = options_.rank == 0;
   // Per-rank state: the noise RNG and the loader position of every rank, gathered to rank 0 which writes them.
   torch::Tensor rng_state;
   {
@@ -605,24 +699,87 @@ std::string Trainer::save_checkpoint() {
     rng_states = pg_->all_gather(rng_state, "checkpoint: gather of the RNG states");
     positions = pg_->all_gather(positions[0], "checkpoint: gather of the loader positions");
   }
-  if (options_.rank != 0) {
-    pg_->barrier("checkpoint of step " + std::to_string(step_) + " written by rank 0");
+  const std::string written_barrier = "checkpoint of step " + std::to_string(step_) + " written by rank 0";
+  if (!rank0 && !shards_) {
+    pg_->barrier(written_barrier);
     return "";
   }
-  if (bad_steps_.count(step_) && fs::exists(checkpoint_path(ck.run_dir, step_))) {
-    // Never overwrite a checkpoint that failed verification: keep it, under another name, for inspection.
-    const auto aside = set_aside_checkpoint(ck.run_dir, step_);
-    spdlog::warn("checkpoint of step {} failed verification at resume; moved to {} so the new one does not replace "
-                 "it", step_, aside);
-    bad_steps_.erase(step_);
+  fs::path tmp;
+  if (rank0) {
+    if (bad_steps_.count(step_) && fs::exists(checkpoint_path(ck.run_dir, step_))) {
+      // Never overwrite a checkpoint that failed verification: keep it, under another name, for inspection.
+      const auto aside = set_aside_checkpoint(ck.run_dir, step_);
+      spdlog::warn("checkpoint of step {} failed verification at resume; moved to {} so the new one does not "
+                   "replace it", step_, aside);
+      bad_steps_.erase(step_);
+    }
+    tmp = begin_checkpoint(ck.run_dir, step_);
   }
-  const fs::path tmp = begin_checkpoint(ck.run_dir, step_);
   const auto t0 = Clock::now();
+  // Every file records the step it belongs to, so one copied in from another checkpoint is caught on resume.
+  const std::map<std::string, std::string> meta = {{"step", std::to_string(step_)}};
+  std::map<std::string, io::FileDigest> digests;  // computed while writing: the manifest costs no extra read
+  if (shards_) {
+    // Sharded state: every rank writes its own pieces into rank 0's temporary directory (a shared file system,
+    // as --resume already needs); a gather to rank 0 would need the whole state there, the memory sharding saves.
+    tmp = pg_->broadcast_text(tmp.string(), 0, "checkpoint: temporary directory");
+    const int64_t world = options_.world_size, rank = options_.rank;
+    const auto& params = trainable_params_;
+    auto pieces_of = [&](const std::map<std::string, torch::Tensor>& state, const std::vector<std::string>& suffixes) {
+      std::vector<io::StatePiece> out;
+      for (const auto& piece : shards_->owned()) {
+        const auto& [name, p] = params[piece.param];
+        for (const auto& suffix : suffixes) out.push_back({name + suffix, piece.begin, p.numel(), state.at(name + suffix)});
+      }
+      return out;
+    };
+    // [ok, optimizer size, optimizer xxh3, ema size, ema xxh3] per rank.
+    auto mine = torch::zeros({5}, torch::kInt64);
+    std::string failure;
+    try {
+      const auto opt_state = optimizer_->state_dict();
+      const auto opt_file = io::state_file_name("optimizer", rank, world);
+      const auto d = io::save_state_pieces((tmp / opt_file).string(), pieces_of(opt_state, {".exp_avg", ".exp_avg_sq"}),
+                                           {{AdamW::kStepKey, opt_state.at(AdamW::kStepKey)}}, meta);
+      mine[1] = static_cast<int64_t>(d.size);
+      mine[2] = digest_bits(d.xxh3);
+      if (ema_) {
+        const auto e = io::save_state_pieces((tmp / io::state_file_name("ema", rank, world)).string(),
+                                             pieces_of(ema_->state_dict(), {""}), {}, meta);
+        mine[3] = static_cast<int64_t>(e.size);
+        mine[4] = digest_bits(e.xxh3);
+      }
+      mine[0] = 1;
+    } catch (const std::exception& e) {
+      failure = e.what();
+      spdlog::error("checkpoint of step {}: rank {} could not write its state: {}", step_, rank, failure);
+    }
+    const auto all = pg_->all_gather(mine, "checkpoint: gather of the state files' checksums");
+    for (int64_t r = 0; r < world; ++r) {
+      const auto& v = all[static_cast<size_t>(r)];
+      if (v[0].item<int64_t>() != 1) {
+        if (rank0) {
+          std::error_code ec;
+          fs::remove_all(tmp, ec);
+        }
+        throw UserError(r == rank ? failure
+                                  : "checkpoint of step " + std::to_string(step_) + ": rank " + std::to_string(r) +
+                                        " could not write its state (its log says why); nothing was saved");
+      }
+      digests[io::state_file_name("optimizer", r, world)] = {static_cast<uint64_t>(v[1].item<int64_t>()),
+                                                             digest_hex(v[2].item<int64_t>())};
+      if (ema_) {
+        digests[io::state_file_name("ema", r, world)] = {static_cast<uint64_t>(v[3].item<int64_t>()),
+                                                         digest_hex(v[4].item<int64_t>())};
+      }
+    }
+    if (!rank0) {
+      pg_->barrier(written_barrier);
+      return "";
+    }
+  }
   std::string final_dir;
   try {
-    // Every file records the step it belongs to, so one copied in from another checkpoint is caught on resume.
-    const std::map<std::string, std::string> meta = {{"step", std::to_string(step_)}};
-    std::map<std::string, io::FileDigest> digests;  // computed while writing: the manifest costs no extra read
     io::SaveOptions so;
     so.metadata = meta;
     so.openpi_layout = false;  // exact parameter names, LoRA included: what resume needs
@@ -630,9 +787,7 @@ std::string Trainer::save_checkpoint() {
     if (base_ref_) {
       // Small checkpoint: the frozen weights taken unchanged from the base are referenced, not copied.
       std::set<std::string> trainable_names;
-      size_t i = 0;
-      for (const auto& item : model_->named_parameters())
-        if (trainable_[i++]) trainable_names.insert(item.key());
+      for (const auto& [name, p] : trainable_params_) trainable_names.insert(name);
       so.include = [this, trainable_names](const std::string& name) {
         return trainable_names.count(name) || !base_names_.count(name);
       };
@@ -646,12 +801,14 @@ std::string Trainer::save_checkpoint() {
       }
     };
     digests["model.safetensors"] = io::save_model_weights(*model_, (tmp / "model.safetensors").string(), so);
-    if (ema_) {
-      digests["ema.safetensors"] =
-          io::save_safetensors((tmp / "ema.safetensors").string(), to_vector(ema_->state_dict()), meta);
+    if (!shards_) {
+      if (ema_) {
+        digests["ema.safetensors"] =
+            io::save_safetensors((tmp / "ema.safetensors").string(), to_vector(ema_->state_dict()), meta);
+      }
+      digests["optimizer.safetensors"] =
+          io::save_safetensors((tmp / "optimizer.safetensors").string(), to_vector(optimizer_->state_dict()), meta);
     }
-    digests["optimizer.safetensors"] =
-        io::save_safetensors((tmp / "optimizer.safetensors").string(), to_vector(optimizer_->state_dict()), meta);
     std::vector<std::pair<std::string, torch::Tensor>> lora;
     for (const auto& item : model_->named_parameters())
       if (item.key().find(".lora_") != std::string::npos) lora.emplace_back(item.key(), item.value());
@@ -688,7 +845,7 @@ std::string Trainer::save_checkpoint() {
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   spdlog::info("saved checkpoint {} ({:.2f} GB{} in {:.1f} s, {:.2f} GB/s)", final_dir, bytes / 1e9,
                base_ref_ ? ", frozen base by reference" : "", secs, bytes / 1e9 / std::max(secs, 1e-9));
-  if (pg_) pg_->barrier("checkpoint of step " + std::to_string(step_) + " written by rank 0");
+  if (pg_) pg_->barrier(written_barrier);
   return final_dir;
 }
 
@@ -723,31 +880,62 @@ void Trainer::restore(const std::string& dir) {
         if (!own.contains(item.key())) base_names_.insert(item.key());
     }
     // Optimizer and EMA state stream from the files straight into the existing tensors: no whole-file copy. The
-    // state is checked against the header (views of the mapping: nothing read yet; exactly the dtypes this trainer
-    // writes) and then read in one sequential pass (read_into_many).
-    auto load_streamed = [&](const fs::path& file, auto& target) {
-      io::SafetensorsFile f(file.string(), io::AccessPattern::kSequential);
-      std::map<std::string, torch::Tensor> views;
-      for (const auto& n : f.names()) views[n] = f.get(n);
-      std::vector<std::pair<std::string, torch::Tensor>> reads;
-      target.load_state_dict(views, file.string(), [&](const std::string& key, const torch::Tensor& dst) {
-        const auto stored = f.info(key).scalar_type;
-        if (stored != dst.scalar_type()) {
-          throw UserError(f.path() + ": tensor '" + key + "' is stored as " + std::string(c10::toString(stored)) +
-                          ", expected " + std::string(c10::toString(dst.scalar_type())) +
-                          " (a checkpoint holds exactly the dtypes its trainer wrote: the file was altered)");
-        }
-        reads.emplace_back(key, dst);
-      });
-      f.read_into_many(reads);
+    // files are whole tensors or per-rank pieces of any world size; this rank reads the elements it updates (all of
+    // them, or its share under dist.shard), checked first against every file's header: exactly the tensors and
+    // dtypes this trainer writes.
+    std::vector<int64_t> begins;          // per tensor this rank updates: its first element in the parameter
+    std::map<std::string, int64_t> numels;  // trainable parameter → element count
+    for (const auto& [name, p] : trainable_params_) numels[name] = p.numel();
+    if (shards_) {
+      for (const auto& piece : shards_->owned()) begins.push_back(piece.begin);
+    } else {
+      begins.assign(trainable_params_.size(), 0);
+    }
+    auto read_state = [&](const std::string& prefix, const std::map<std::string, torch::Tensor>& targets,
+                          const std::vector<std::string>& suffixes, const std::map<std::string, int64_t>& extra) {
+      const auto files = io::state_files(dir, prefix);
+      if (files.empty()) throw UserError((d / (prefix + ".safetensors")).string() + ": missing from the checkpoint");
+      io::StateReader reader(files);
+      std::map<std::string, int64_t> expected = extra;
+      for (const auto& [name, n] : numels)
+        for (const auto& suffix : suffixes) expected[name + suffix] = n;
+      for (const auto& [key, n] : expected) {
+        const auto it = reader.numels().find(key);
+        if (it == reader.numels().end())
+          throw UserError(reader.describe() + ": missing key '" + key + "' (the checkpoint was saved with other "
+                          "trainable parameters; use the same freeze settings to resume)");
+        if (it->second != n)
+          throw UserError(reader.describe() + ": key '" + key + "' has " + std::to_string(it->second) +
+                          " elements, expected " + std::to_string(n));
+      }
+      for (const auto& [key, n] : reader.numels())
+        if (!expected.count(key))
+          throw UserError(reader.describe() + ": unexpected key '" + key + "' (not a trainable parameter of this "
+                          "model; use the same freeze settings to resume)");
+      std::vector<io::StateReader::Request> requests;
+      size_t i = 0;
+      const auto& named = optimizer_->params();  // same order as the EMA's: both got the same list
+      for (const auto& [name, view] : named) {
+        for (const auto& suffix : suffixes) requests.push_back({name + suffix, begins[i], targets.at(name + suffix)});
+        ++i;
+      }
+      return std::make_pair(std::move(reader), std::move(requests));
     };
-    load_streamed(d / "optimizer.safetensors", *optimizer_);
+    {
+      auto state = optimizer_->state_dict();
+      auto step_count = torch::zeros({1}, torch::kInt64);
+      auto [reader, requests] = read_state("optimizer", state, {".exp_avg", ".exp_avg_sq"}, {{AdamW::kStepKey, 1}});
+      requests.push_back({AdamW::kStepKey, 0, step_count});
+      reader.read(requests, /*exact_dtype=*/true);
+      optimizer_->restore_step_count(step_count.item<int64_t>());
+    }
     if (ema_) {
-      if (!fs::exists(d / "ema.safetensors")) {
+      if (io::state_files(dir, "ema").empty()) {
         throw UserError("checkpoint '" + dir + "' has no EMA weights but train.ema_decay is " +
                         std::to_string(cfg_.train.ema_decay) + " (resume with train.ema_decay=0, or from a run with EMA)");
       }
-      load_streamed(d / "ema.safetensors", *ema_);
+      auto [reader, requests] = read_state("ema", ema_->state_dict(), {""}, {});
+      reader.read(requests, /*exact_dtype=*/true);
     }
   } catch (const UserError& e) {
     unusable_if_unverified(e.what());
@@ -755,14 +943,24 @@ void Trainer::restore(const std::string& dir) {
   }
   unusable_if_unverified("");
   spdlog::info("loaded checkpoint state in {:.1f} s", std::chrono::duration<double>(Clock::now() - t0).count());
+  // At the checkpoint's world size each rank continues its own RNG and loader; at another one (the global batch
+  // unchanged) every rank takes rank 0's: all ranks draw the whole global batch's noise and walk the same global
+  // batch order, so their states are equal (checked).
+  const bool same_world = state.world_size == options_.world_size;
   {
-    io::SafetensorsFile rng(( d / "rng.safetensors").string());
+    io::SafetensorsFile rng((d / "rng.safetensors").string());
+    const auto mine = rng.get_copy("rank" + std::to_string(same_world ? options_.rank : 0) + ".noise_time");
+    for (int64_t r = 1; !same_world && r < state.world_size; ++r) {
+      if (!torch::equal(rng.get_copy("rank" + std::to_string(r) + ".noise_time"), mine))
+        throw UserError(rng.path() + ": the ranks' noise generators differ, so this checkpoint resumes only at its "
+                        "own world size (" + std::to_string(state.world_size) + ")");
+    }
     std::lock_guard<std::mutex> lock(rng_.mutex());
-    rng_.set_state(rng.get_copy("rank" + std::to_string(options_.rank) + ".noise_time"));
+    rng_.set_state(mine);
   }
   step_ = state.step;
   nonfinite_skips_ = state.nonfinite_skips;
-  const data::LoaderPosition pos = state.rank_loaders.at(static_cast<size_t>(options_.rank));
+  const data::LoaderPosition pos = state.rank_loaders.at(same_world ? static_cast<size_t>(options_.rank) : 0);
   data_.loader->seek(pos);
   spdlog::info("resumed from {} at step {} (loader epoch {}, batch {})", dir, step_, pos.epoch, pos.batch_index);
 }

@@ -13,7 +13,10 @@
 #include "pi0/config/config.h"
 #include "pi0/data/loader.h"
 #include "pi0/distributed/grad_reducer.h"
+#include "pi0/distributed/parameter_shards.h"
 #include "pi0/distributed/process_group.h"
+#include "pi0/distributed/shard_layout.h"
+#include "pi0/distributed/sharded_grad_reducer.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/model/activation_memory.h"
 #include "pi0/model/pi0.h"
@@ -100,8 +103,17 @@ class Trainer {
   const config::Config& config() const { return cfg_; }
   /// Writes a checkpoint of the current state (run() calls it at save_interval and at the end).
   std::string save_checkpoint();
-  /// Gradient all-reduce statistics (nullptr in single-process runs).
-  const distributed::GradReducerStats* reducer_stats() const { return reducer_ ? &reducer_->stats() : nullptr; }
+  /// Gradient reduction statistics (nullptr in single-process runs).
+  const distributed::GradReducerStats* reducer_stats() const {
+    return reducer_ ? &reducer_->stats() : sharded_reducer_ ? &sharded_reducer_->stats() : nullptr;
+  }
+  /// Tensor bytes of training state this rank holds (what dist.shard partitions), measured from the tensors.
+  struct RankStateBytes {
+    int64_t optimizer = 0;  ///< AdamW moments
+    int64_t ema = 0;        ///< EMA averages
+    int64_t grads = 0;      ///< gradients after the last step's reduction, before the update
+  };
+  RankStateBytes rank_state_bytes() const;
 
  private:
   void build_model();
@@ -122,6 +134,8 @@ class Trainer {
   /// The freeze preset, trainable regexes and attention setting, checked from shapes before anything is built.
   void check_model_settings() const;
   void restore(const std::string& checkpoint_dir);
+  /// Drops every trainable gradient (and, sharded, the owned accumulators).
+  void zero_grads();
   int64_t local_batch() const;
   void check_and_sync_replicas();
 
@@ -133,7 +147,13 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;
   std::shared_ptr<distributed::ProcessGroup> pg_;      ///< null in single-process runs
-  std::unique_ptr<distributed::GradReducer> reducer_;  ///< null in single-process runs
+  std::unique_ptr<distributed::GradReducer> reducer_;  ///< several ranks, dist.shard none or optimizer
+  distributed::ShardMode shard_mode_ = distributed::ShardMode::kNone;  ///< kNone in single-process runs
+  /// This rank's share of the parameters when sharded: the optimizer and EMA hold only it.
+  std::unique_ptr<distributed::ParameterShards> shards_;
+  std::unique_ptr<distributed::ShardedGradReducer> sharded_reducer_;  ///< dist.shard=gradients
+  NamedTensors trainable_params_;  ///< every trainable parameter, whatever this rank's share
+  int64_t last_grad_bytes_ = 0;
   DataPipeline data_;
   /// Noise and flow-matching time; CPU, saved with checkpoints. Seeded alike on every rank: each rank draws the
   /// values of the whole global batch and keeps its slice, so results do not depend on the world size.

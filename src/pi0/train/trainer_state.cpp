@@ -87,8 +87,15 @@ void check_resumable(const TrainerState& state, const std::string& checkpoint_di
                      int64_t batches_per_epoch) {
   const auto file = state_file(checkpoint_dir);
   if (state.world_size != world_size) {
-    throw UserError("checkpoint '" + checkpoint_dir + "' was written by " + std::to_string(state.world_size) +
-                    " ranks; resume it with the same world size (got " + std::to_string(world_size) + ")");
+    // Another world size sees the same global batches (each rank takes a slice of the global batch order) only if
+    // every rank stopped at the same place, which they do when all ran the same steps.
+    for (size_t r = 1; r < state.rank_loaders.size(); ++r) {
+      if (!(state.rank_loaders[r] == state.rank_loaders[0])) {
+        throw UserError("checkpoint '" + checkpoint_dir + "' was written by " + std::to_string(state.world_size) +
+                        " ranks whose loader positions differ (" + file + ": rank_loaders); resume it with the same "
+                        "world size (got " + std::to_string(world_size) + ")");
+      }
+    }
   }
   for (size_t r = 0; r < state.rank_loaders.size(); ++r) {
     const auto& p = state.rank_loaders[r];

@@ -32,7 +32,14 @@ TEST_CASE("trainer_state.json round-trips and reads older single-process files",
   CHECK_NOTHROW(check_resumable(old, dir.str(), 1, 8));
   CHECK_THROWS_WITH(check_resumable(old, dir.str(), 1, 7),
                     Contains("'rank_loaders[0].batch_index' is 7 but an epoch now has 7 batches per rank"));
-  CHECK_THROWS_WITH(check_resumable(old, dir.str(), 2, 8), Contains("written by 1 ranks; resume it with the same"));
+  // Another world size: fine when every rank stopped at the same global batch, refused when they differ.
+  CHECK_NOTHROW(check_resumable(old, dir.str(), 2, 8));
+  auto same = s;
+  same.rank_loaders = {{1, 3}, {1, 3}};
+  CHECK_NOTHROW(check_resumable(same, dir.str(), 1, 8));
+  CHECK_NOTHROW(check_resumable(s, dir.str(), 2, 8));
+  CHECK_THROWS_WITH(check_resumable(s, dir.str(), 1, 8),
+                    Contains("written by 2 ranks whose loader positions differ") && Contains("resume it with the same"));
 }
 
 TEST_CASE("malformed trainer_state.json fields are errors naming the file and the field", "[unit][train]") {
