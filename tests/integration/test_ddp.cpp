@@ -21,31 +21,20 @@
 #include "pi0/io/sharded_state.h"
 #include "pi0/train/checkpoint_dir.h"
 #include "pi0/train/metrics.h"
+#include "support/distributed_support.h"
 #include "support/test_support.h"
 
 extern char** environ;
 
 namespace {
 
+using pi0::testing::free_port;
 using pi0::testing::TempDir;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 const std::string kBin = std::string(PI0_BINARY_DIR);
 const std::string kSrc = std::string(PI0_SOURCE_DIR);
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 /// The example dataset and its norm stats, made once per test binary run.
 const TempDir& example_data() {
@@ -181,31 +170,21 @@ std::map<std::string, torch::Tensor> final_ema(const std::string& run_dir) {
   return out;
 }
 
-/// Largest per-tensor max |a − b| / max |a| over tensors present in both (flattened). Excluded: the attention key
-/// biases, whose exact gradient is zero (softmax ignores a shift shared by all keys of a query): their gradient is
-/// float rounding noise, which Adam's normalization turns into ±lr steps that differ between summation orders.
+enum class Metric { kMax, kL2 };
+
+/// Largest per-tensor relative error over tensors present in both (flattened): max |a − b| / max |a| (kMax) or
+/// ‖a − b‖ / ‖a‖ (kL2). Excluded: the attention key biases, whose exact gradient is zero (softmax ignores a shift
+/// shared by all keys of a query): their gradient is float rounding noise, which Adam's normalization turns into
+/// ±lr steps that differ between summation orders.
 double worst_error(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b,
-                   std::string& worst_name) {
+                   std::string& worst_name, Metric metric = Metric::kMax) {
   REQUIRE(a.size() == b.size());
   double worst = 0;
   for (const auto& [name, t] : a) {
     if (name.find("k_proj.bias") != std::string::npos) continue;
-    const double e = pi0::testing::max_rel_error(b.at(name).reshape({-1}).to(torch::kFloat32),
-                                                 t.reshape({-1}).to(torch::kFloat32));
-    if (e > worst) worst = e, worst_name = name;
-  }
-  return worst;
-}
-
-/// Largest per-tensor ‖a − b‖ / ‖a‖ over tensors present in both.
-double worst_l2_error(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b,
-                      std::string& worst_name) {
-  REQUIRE(a.size() == b.size());
-  double worst = 0;
-  for (const auto& [name, t] : a) {
-    if (name.find("k_proj.bias") != std::string::npos) continue;  // see worst_error
     const auto x = t.reshape({-1}).to(torch::kFloat64), y = b.at(name).reshape({-1}).to(torch::kFloat64);
-    const double e = (x - y).norm().item<double>() / std::max(x.norm().item<double>(), 1e-30);
+    const double e = metric == Metric::kMax ? pi0::testing::max_rel_error(y, x)
+                                            : (x - y).norm().item<double>() / std::max(x.norm().item<double>(), 1e-30);
     if (e > worst) worst = e, worst_name = name;
   }
   return worst;
@@ -353,11 +332,11 @@ TEST_CASE("ddp: sharded optimizer state and gradients match one rank with the do
     const auto w2 = final_weights(dir.str(mode));
     const auto e2 = final_ema(dir.str(mode));
     std::string wn, en;
-    const double w_err = g.l2 ? worst_l2_error(w1, w2, wn) : worst_error(w1, w2, wn);
-    const double e_err = g.l2 ? worst_l2_error(e1, e2, en) : worst_error(e1, e2, en);
+    const double w_err = worst_error(w1, w2, wn, g.l2 ? Metric::kL2 : Metric::kMax);
+    const double e_err = worst_error(e1, e2, en, g.l2 ? Metric::kL2 : Metric::kMax);
     std::string pn, pen;
     const bool accumulating = g.name.find("accumulation") != std::string::npos;
-    const double p_err = worst_l2_error(wp, w2, pn), pe_err = worst_l2_error(ep, e2, pen);
+    const double p_err = worst_error(wp, w2, pn, Metric::kL2), pe_err = worst_error(ep, e2, pen, Metric::kL2);
     WARN(g.name << ", dist.shard=" << mode << ": against one rank " << (g.l2 ? "L2" : "max") << "-relative error "
                 << w_err << " (" << wn << "), EMA " << e_err << " (" << en << "); against unsharded two ranks "
                 << p_err << ", EMA " << pe_err);

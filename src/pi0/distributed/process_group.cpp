@@ -265,50 +265,46 @@ std::vector<torch::Tensor> ProcessGroup::all_gather(const torch::Tensor& t, cons
   return result;
 }
 
-std::unique_ptr<PendingWork> ProcessGroup::all_reduce_sum_async(torch::Tensor t, const std::string& what) {
-  PI0_CHECK(t.device() == device_ && t.is_contiguous(), "all_reduce_sum_async: tensor must be contiguous on ",
-            device_.str());
+std::unique_ptr<PendingWork> ProcessGroup::start(Collective collective, torch::Tensor t, int64_t root,
+                                                 const std::string& what) {
+  PI0_CHECK(t.device() == device_ && t.is_contiguous(), what, ": tensor must be contiguous on ", device_.str());
   std::vector<at::Tensor> buf{t.to(impl_->wire_dtype(t.scalar_type()))};
   c10::intrusive_ptr<c10d::Work> work;
   try {
-    work = impl_->backend->allreduce(buf, c10d::AllreduceOptions());
+    switch (collective) {
+      case Collective::kAllReduceSum:
+        work = impl_->backend->allreduce(buf, c10d::AllreduceOptions());
+        break;
+      case Collective::kReduceSum: {
+        c10d::ReduceOptions opts;
+        opts.rootRank = root;
+        work = impl_->backend->reduce(buf, opts);
+        break;
+      }
+      case Collective::kBroadcast: {
+        c10d::BroadcastOptions opts;
+        opts.rootRank = root;
+        work = impl_->backend->broadcast(buf, opts);
+        break;
+      }
+    }
   } catch (const std::exception& e) {
     impl_->fail(what, e, timeout_seconds());
   }
   return std::make_unique<PendingWorkImpl>(impl_.get(), std::move(work), buf[0], std::move(t), what, timeout_seconds(),
                                            timeout_, device_.is_cpu());
+}
+
+std::unique_ptr<PendingWork> ProcessGroup::all_reduce_sum_async(torch::Tensor t, const std::string& what) {
+  return start(Collective::kAllReduceSum, std::move(t), 0, what);
 }
 
 std::unique_ptr<PendingWork> ProcessGroup::reduce_sum_async(torch::Tensor t, int64_t root, const std::string& what) {
-  PI0_CHECK(t.device() == device_ && t.is_contiguous(), "reduce_sum_async: tensor must be contiguous on ",
-            device_.str());
-  std::vector<at::Tensor> buf{t.to(impl_->wire_dtype(t.scalar_type()))};
-  c10d::ReduceOptions opts;
-  opts.rootRank = root;
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = impl_->backend->reduce(buf, opts);
-  } catch (const std::exception& e) {
-    impl_->fail(what, e, timeout_seconds());
-  }
-  return std::make_unique<PendingWorkImpl>(impl_.get(), std::move(work), buf[0], std::move(t), what, timeout_seconds(),
-                                           timeout_, device_.is_cpu());
+  return start(Collective::kReduceSum, std::move(t), root, what);
 }
 
 std::unique_ptr<PendingWork> ProcessGroup::broadcast_async(torch::Tensor t, int64_t root, const std::string& what) {
-  PI0_CHECK(t.device() == device_ && t.is_contiguous(), "broadcast_async: tensor must be contiguous on ",
-            device_.str());
-  std::vector<at::Tensor> buf{t.to(impl_->wire_dtype(t.scalar_type()))};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = impl_->backend->broadcast(buf, opts);
-  } catch (const std::exception& e) {
-    impl_->fail(what, e, timeout_seconds());
-  }
-  return std::make_unique<PendingWorkImpl>(impl_.get(), std::move(work), buf[0], std::move(t), what, timeout_seconds(),
-                                           timeout_, device_.is_cpu());
+  return start(Collective::kBroadcast, std::move(t), root, what);
 }
 
 std::string ProcessGroup::broadcast_text(const std::string& text, int64_t root, const std::string& what) {

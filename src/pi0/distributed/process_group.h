@@ -72,6 +72,10 @@ class ProcessGroup {
   struct Impl;  ///< the c10d objects (opaque outside process_group.cpp)
 
  private:
+  enum class Collective { kAllReduceSum, kReduceSum, kBroadcast };
+  /// Converts `t` for the wire, starts the collective on it and returns the pending work (the async calls above).
+  std::unique_ptr<PendingWork> start(Collective collective, torch::Tensor t, int64_t root, const std::string& what);
+
   std::unique_ptr<Impl> impl_;
   int64_t rank_ = 0, world_size_ = 1;
   torch::Device device_{torch::kCPU};

@@ -1,9 +1,5 @@
 // pi0::distributed pieces in one process: environment parsing, and the GradReducer with two ranks on two threads
 // (Gloo on 127.0.0.1), checked against gradients averaged by hand.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -14,29 +10,19 @@
 #include "pi0/distributed/dist_env.h"
 #include "pi0/distributed/grad_reducer.h"
 #include "pi0/distributed/process_group.h"
-#include "pi0/nn/checkpoint.h"
+#include "support/distributed_support.h"
 
 namespace {
 
 using pi0::distributed::DistEnv;
+using pi0::testing::free_port;
+using pi0::testing::Replica;
 
 DistEnv parse(const std::map<std::string, std::string>& vars) {
   return pi0::distributed::dist_env_from([&](const char* name) -> const char* {
     auto it = vars.find(name);
     return it == vars.end() ? nullptr : it->second.c_str();
   });
-}
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
 }
 
 }  // namespace
@@ -72,34 +58,6 @@ TEST_CASE("dist env: bad values name the variable", "[unit][dist]") {
                     Catch::Contains("MASTER_PORT must be a TCP port"));
   CHECK_THROWS_WITH(parse({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}), Catch::Contains("export MASTER_ADDR"));
 }
-
-namespace {
-
-// A tiny "model": w1 (checkpointed, used twice), w2, an unused parameter and a float64 parameter.
-struct Replica {
-  std::vector<std::pair<std::string, torch::Tensor>> params;
-  // The initial values are fixed tensors, not drawn here: the rank threads must not share the global generator.
-  explicit Replica(bool with_unused) {
-    params = {{"w1", torch::linspace(-1, 1, 256).view({16, 16})}, {"w2", torch::linspace(1, -0.5, 64).view({16, 4})}};
-    if (with_unused) params.emplace_back("unused", torch::ones({3}));
-    params.emplace_back("d", torch::linspace(0.5, 1, 4, torch::kFloat64));
-    for (auto& [n, p] : params) p.requires_grad_(true);
-  }
-  torch::Tensor& get(const std::string& n) {
-    for (auto& [name, p] : params)
-      if (name == n) return p;
-    throw std::runtime_error(n);
-  }
-  // w1 in two re-entrant checkpoint segments: its AccumulateGrad fires twice per backward, once per inner backward.
-  torch::Tensor loss(const torch::Tensor& x) {
-    auto& w1 = get("w1");
-    auto layer = [&](const pi0::nn::TensorList& in) { return pi0::nn::TensorList{torch::tanh(in[0].mm(w1))}; };
-    auto h = pi0::nn::checkpoint(layer, pi0::nn::checkpoint(layer, {x}))[0];
-    return (h.mm(get("w2")).pow(2).sum(1).to(torch::kFloat64) * get("d").sum()).mean();
-  }
-};
-
-}  // namespace
 
 TEST_CASE("GradReducer averages gradients over two ranks", "[unit][dist]") {
   // With the unused parameter, w1's bucket waits behind the incomplete [unused, w2] bucket (launched in wait());

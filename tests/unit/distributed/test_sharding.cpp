@@ -1,9 +1,5 @@
 // dist.shard's pieces in one process: the element layout (pure), and the ZeRO-2 gradient reducer and weight
 // broadcast with two ranks on two threads (Gloo on 127.0.0.1), checked against gradients averaged by hand.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 
 #include <map>
@@ -14,24 +10,14 @@
 #include "pi0/distributed/process_group.h"
 #include "pi0/distributed/shard_layout.h"
 #include "pi0/distributed/sharded_grad_reducer.h"
-#include "pi0/nn/checkpoint.h"
+#include "support/distributed_support.h"
 
 using pi0::distributed::Piece;
 using pi0::distributed::ShardLayout;
+using pi0::testing::free_port;
+using pi0::testing::Replica;
 
 namespace {
-
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 // Every element of every parameter is owned exactly once; pieces are in backward order; shares are balanced.
 void check_layout(const std::vector<int64_t>& numels, const std::vector<int64_t>& sizes, int64_t world) {
@@ -89,30 +75,6 @@ TEST_CASE("shard layout: every element owned once, in backward order, balanced t
   CHECK((single.pieces()[0] == Piece{2, 0, 5, 0}));
   CHECK((single.pieces()[1] == Piece{0, 0, 3, 0}));
 }
-
-namespace {
-// w1 (checkpointed, used twice), w2, an unused parameter and a float64 parameter, as in the GradReducer test.
-struct Replica {
-  std::vector<std::pair<std::string, torch::Tensor>> params;
-  explicit Replica(bool with_unused) {
-    params = {{"w1", torch::linspace(-1, 1, 256).view({16, 16})}, {"w2", torch::linspace(1, -0.5, 64).view({16, 4})}};
-    if (with_unused) params.emplace_back("unused", torch::ones({3}));
-    params.emplace_back("d", torch::linspace(0.5, 1, 4, torch::kFloat64));
-    for (auto& [n, p] : params) p.requires_grad_(true);
-  }
-  torch::Tensor& get(const std::string& n) {
-    for (auto& [name, p] : params)
-      if (name == n) return p;
-    throw std::runtime_error(n);
-  }
-  torch::Tensor loss(const torch::Tensor& x) {
-    auto& w1 = get("w1");
-    auto layer = [&](const pi0::nn::TensorList& in) { return pi0::nn::TensorList{torch::tanh(in[0].mm(w1))}; };
-    auto h = pi0::nn::checkpoint(layer, pi0::nn::checkpoint(layer, {x}))[0];
-    return (h.mm(get("w2")).pow(2).sum(1).to(torch::kFloat64) * get("d").sum()).mean();
-  }
-};
-}  // namespace
 
 TEST_CASE("sharded gradients: each owner gets the average of its pieces, the others keep nothing",
           "[unit][dist][shard]") {
