@@ -8,13 +8,17 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
+#include <functional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "pi0/distributed/process_group.h"
 #include "pi0/nn/checkpoint.h"
 
 namespace pi0::testing {
@@ -31,6 +35,30 @@ inline int free_port() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   close(fd);
   return ntohs(a.sin_port);
+}
+
+/// Runs `body(pg, rank)` for ranks 0 and 1 of a Gloo group on 127.0.0.1, each on its own thread; returns what
+/// each rank threw (empty when it returned).
+inline std::array<std::string, 2> run_two_ranks(
+    const std::function<void(pi0::distributed::ProcessGroup&, int)>& body) {
+  const int port = free_port();
+  std::array<std::string, 2> errors;
+  auto rank_main = [&](int rank) {
+    try {
+      pi0::distributed::DistEnv env;
+      env.rank = rank;
+      env.world_size = 2;
+      env.master_port = port;
+      pi0::distributed::ProcessGroup pg(env, torch::kCPU, std::chrono::seconds(30));
+      body(pg, rank);
+    } catch (const std::exception& e) {
+      errors[static_cast<size_t>(rank)] = e.what();
+    }
+  };
+  std::thread t0(rank_main, 0), t1(rank_main, 1);
+  t0.join();
+  t1.join();
+  return errors;
 }
 
 /// w1 (used twice, in two re-entrant checkpoint segments: its AccumulateGrad fires twice per backward), w2, an

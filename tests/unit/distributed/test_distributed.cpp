@@ -15,7 +15,6 @@
 namespace {
 
 using pi0::distributed::DistEnv;
-using pi0::testing::free_port;
 using pi0::testing::Replica;
 
 DistEnv parse(const std::map<std::string, std::string>& vars) {
@@ -63,7 +62,6 @@ TEST_CASE("GradReducer averages gradients over two ranks", "[unit][dist]") {
   // With the unused parameter, w1's bucket waits behind the incomplete [unused, w2] bucket (launched in wait());
   // without it, every bucket is launched from the hooks during backward.
   const bool with_unused = GENERATE(true, false);
-  const int port = free_port();
   torch::Tensor xs[2][2];  // [rank][micro], drawn here, before the rank threads start
   for (int r = 0; r < 2; ++r)
     for (int micro = 0; micro < 2; ++micro) xs[r][micro] = torch::randn({5, 16});
@@ -78,37 +76,24 @@ TEST_CASE("GradReducer averages gradients over two ranks", "[unit][dist]") {
   }
   std::map<std::string, torch::Tensor> got[2];
   int64_t buckets = 0, rereductions = 0;
-  std::string errors[2];
-  auto rank_main = [&](int rank) {
-    try {
-      DistEnv env;
-      env.rank = rank;
-      env.world_size = 2;
-      env.master_port = port;
-      pi0::distributed::ProcessGroup pg(env, torch::kCPU, std::chrono::seconds(30));
-      Replica m(with_unused);
-      // Filled from the last parameter: [d] (float64), [unused, w2] (268 B), [w1] (1 KiB > 600 B). The second
-      // bucket only completes in wait() (unused), so the third, ready early, waits for it: launches stay in order.
-      pi0::distributed::GradReducer reducer(pg, m.params, 600);
-      if (rank == 0) buckets = reducer.num_buckets();
-      for (int step = 0; step < 2; ++step) {  // twice: the reducer's per-step state must reset
-        for (auto& [n, p] : m.params) p.mutable_grad() = torch::Tensor();
-        for (int micro = 0; micro < 2; ++micro) {
-          reducer.enable_sync(micro == 1);
-          m.loss(inputs(rank, micro)).backward();
-        }
-        reducer.wait();
+  const auto errors = pi0::testing::run_two_ranks([&](pi0::distributed::ProcessGroup& pg, int rank) {
+    Replica m(with_unused);
+    // Filled from the last parameter: [d] (float64), [unused, w2] (268 B), [w1] (1 KiB > 600 B). The second
+    // bucket only completes in wait() (unused), so the third, ready early, waits for it: launches stay in order.
+    pi0::distributed::GradReducer reducer(pg, m.params, 600);
+    if (rank == 0) buckets = reducer.num_buckets();
+    for (int step = 0; step < 2; ++step) {  // twice: the reducer's per-step state must reset
+      for (auto& [n, p] : m.params) p.mutable_grad() = torch::Tensor();
+      for (int micro = 0; micro < 2; ++micro) {
+        reducer.enable_sync(micro == 1);
+        m.loss(inputs(rank, micro)).backward();
       }
-      for (auto& [n, p] : m.params) got[rank][n] = p.grad();
-      if (rank == 0) rereductions = reducer.stats().rereductions;
-      pi0::distributed::check_same_on_all_ranks(pg, "config", "layout");
-    } catch (const std::exception& e) {
-      errors[rank] = e.what();
+      reducer.wait();
     }
-  };
-  std::thread t0(rank_main, 0), t1(rank_main, 1);
-  t0.join();
-  t1.join();
+    for (auto& [n, p] : m.params) got[rank][n] = p.grad();
+    if (rank == 0) rereductions = reducer.stats().rereductions;
+    pi0::distributed::check_same_on_all_ranks(pg, "config", "layout");
+  });
   REQUIRE(errors[0].empty());
   REQUIRE(errors[1].empty());
   INFO("with_unused " << with_unused);
@@ -127,23 +112,9 @@ TEST_CASE("GradReducer averages gradients over two ranks", "[unit][dist]") {
 }
 
 TEST_CASE("consistency check names what differs", "[unit][dist]") {
-  const int port = free_port();
-  std::string errors[2];
-  auto rank_main = [&](int rank) {
-    try {
-      DistEnv env;
-      env.rank = rank;
-      env.world_size = 2;
-      env.master_port = port;
-      pi0::distributed::ProcessGroup pg(env, torch::kCPU, std::chrono::seconds(30));
-      pi0::distributed::check_same_on_all_ranks(pg, "same config", rank == 0 ? "layout a" : "layout b");
-    } catch (const std::exception& e) {
-      errors[rank] = e.what();
-    }
-  };
-  std::thread t0(rank_main, 0), t1(rank_main, 1);
-  t0.join();
-  t1.join();
+  const auto errors = pi0::testing::run_two_ranks([&](pi0::distributed::ProcessGroup& pg, int rank) {
+    pi0::distributed::check_same_on_all_ranks(pg, "same config", rank == 0 ? "layout a" : "layout b");
+  });
   for (const auto& e : errors) {
     CHECK_THAT(e, Catch::Contains("parameter layout (names, shapes, dtypes, requires_grad) of rank(s) 1 differs "
                                   "from rank 0's"));

@@ -4,7 +4,6 @@
 
 #include <map>
 #include <numeric>
-#include <thread>
 
 #include "pi0/distributed/parameter_shards.h"
 #include "pi0/distributed/process_group.h"
@@ -14,7 +13,6 @@
 
 using pi0::distributed::Piece;
 using pi0::distributed::ShardLayout;
-using pi0::testing::free_port;
 using pi0::testing::Replica;
 
 namespace {
@@ -80,7 +78,6 @@ TEST_CASE("sharded gradients: each owner gets the average of its pieces, the oth
           "[unit][dist][shard]") {
   const bool with_unused = GENERATE(true, false);
   const int64_t window = GENERATE(int64_t{1}, int64_t{1} << 20);  // one reduction in flight, or all of them
-  const int port = free_port();
   torch::Tensor xs[2][2];
   for (int r = 0; r < 2; ++r)
     for (int micro = 0; micro < 2; ++micro) xs[r][micro] = torch::randn({5, 16});
@@ -91,49 +88,36 @@ TEST_CASE("sharded gradients: each owner gets the average of its pieces, the oth
     for (auto& [n, p] : m.params)
       if (p.grad().defined()) expected[n] = expected.count(n) ? expected[n] + p.grad() / 2 : p.grad() / 2;
   }
-  std::string errors[2];
   std::vector<Piece> owned[2];
   std::vector<torch::Tensor> got[2];
   int64_t held[2] = {0, 0}, owned_bytes[2] = {0, 0};
   bool grads_released[2] = {false, false};
   std::map<std::string, torch::Tensor> after_broadcast[2];
-  auto rank_main = [&](int rank) {
-    try {
-      pi0::distributed::DistEnv env;
-      env.rank = rank;
-      env.world_size = 2;
-      env.master_port = port;
-      pi0::distributed::ProcessGroup pg(env, torch::kCPU, std::chrono::seconds(30));
-      Replica m(with_unused);
-      pi0::distributed::ParameterShards shards(pg, m.params);
-      pi0::distributed::ShardedGradReducer reducer(pg, m.params, shards.layout(), window);
-      for (int step = 0; step < 2; ++step) {  // twice: per-step state must reset
-        reducer.clear();
-        for (int micro = 0; micro < 2; ++micro) {
-          m.loss(xs[rank][micro]).backward();
-          reducer.wait();
-        }
-        got[rank] = reducer.finish_step();
+  const auto errors = pi0::testing::run_two_ranks([&](pi0::distributed::ProcessGroup& pg, int rank) {
+    Replica m(with_unused);
+    pi0::distributed::ParameterShards shards(pg, m.params);
+    pi0::distributed::ShardedGradReducer reducer(pg, m.params, shards.layout(), window);
+    for (int step = 0; step < 2; ++step) {  // twice: per-step state must reset
+      reducer.clear();
+      for (int micro = 0; micro < 2; ++micro) {
+        m.loss(xs[rank][micro]).backward();
+        reducer.wait();
       }
-      grads_released[rank] = true;
-      for (auto& [n, p] : m.params) grads_released[rank] = grads_released[rank] && !p.grad().defined();
-      held[rank] = reducer.held_bytes();
-      owned_bytes[rank] = shards.layout().bytes_of(rank);
-      owned[rank] = shards.owned();
-      // Each rank changes its own elements; the broadcast makes both replicas equal again.
-      {
-        torch::NoGradGuard no_grad;
-        for (auto& [name, view] : shards.owned_views()) view.add_(static_cast<double>(rank + 1));
-      }
-      shards.broadcast_updates(window);
-      for (auto& [n, p] : m.params) after_broadcast[rank][n] = p.detach().clone();
-    } catch (const std::exception& e) {
-      errors[rank] = e.what();
+      got[rank] = reducer.finish_step();
     }
-  };
-  std::thread t0(rank_main, 0), t1(rank_main, 1);
-  t0.join();
-  t1.join();
+    grads_released[rank] = true;
+    for (auto& [n, p] : m.params) grads_released[rank] = grads_released[rank] && !p.grad().defined();
+    held[rank] = reducer.held_bytes();
+    owned_bytes[rank] = shards.layout().bytes_of(rank);
+    owned[rank] = shards.owned();
+    // Each rank changes its own elements; the broadcast makes both replicas equal again.
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& [name, view] : shards.owned_views()) view.add_(static_cast<double>(rank + 1));
+    }
+    shards.broadcast_updates(window);
+    for (auto& [n, p] : m.params) after_broadcast[rank][n] = p.detach().clone();
+  });
   REQUIRE(errors[0].empty());
   REQUIRE(errors[1].empty());
   INFO("with_unused " << with_unused << ", window " << window);
