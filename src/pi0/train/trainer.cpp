@@ -493,10 +493,16 @@ int64_t Trainer::run() {
     ++step_;
     interval_loss += loss_value;
     ++interval_steps;
-    if (pg_ && step_ == first_step + 1) {
+    if (step_ == first_step + 1) {
+      // What each rank holds, measured from its tensors (what dist.shard and --print-params --world-size plan).
       const auto held = rank_state_bytes();
-      spdlog::info("rank {} of {} holds {} bytes of AdamW state, {} of EMA and {} of gradients (dist.shard={})",
-                   options_.rank, options_.world_size, held.optimizer, held.ema, held.grads, cfg_.dist.shard);
+      std::vector<torch::Tensor> all{torch::tensor({held.optimizer, held.ema, held.grads}, torch::kInt64)};
+      if (pg_) all = pg_->all_gather(all[0], "gather of the per-rank state sizes");
+      for (size_t r = 0; rank0 && r < all.size(); ++r) {
+        spdlog::info("rank {} of {} holds {} bytes of AdamW state, {} of EMA and {} of gradients (dist.shard={})", r,
+                     options_.world_size, all[r][0].item<int64_t>(), all[r][1].item<int64_t>(),
+                     all[r][2].item<int64_t>(), cfg_.dist.shard);
+      }
     }
 
     if (step_ % t.log_interval == 0 || step_ == t.num_steps) {
