@@ -2,10 +2,9 @@
 // on 127.0.0.1, launched like torchrun), same global batch. Reports the median step time after warm-up and, for
 // N ranks, the gradient all-reduce span per step and how much of it backward hid (1 − time in wait() / span).
 // --shard runs the N ranks once per dist.shard mode (comma-separated, or "all") and adds what a rank holds of
-// AdamW state, EMA and gradients after its first step (the trainer's "rank R of W holds ..." line, which only rank
-// 0 prints at the default log level) next to the plan of `pi0-train --print-params --world-size N`
-// (train::plan_rank_memory: the rank with the largest share, so within a few elements of rank 0's). --json also
-// prints the figures as one JSON object.
+// AdamW state, EMA and gradients after its first step (rank 0 logs "rank R of W holds ..." for every rank; the
+// largest is reported) next to the plan of `pi0-train --print-params --world-size N` (train::plan_rank_memory: the
+// rank with the largest share). --json also prints the figures as one JSON object.
 // Usage (from the build dir): ./bench_ddp [--ranks 2] [--steps 12] [--warmup 3] [--batch-size 16] [--threads 1]
 //                             [--bucket-mb 25] [--freeze full] [--shard none|optimizer|gradients|all] [--json]
 #include <netinet/in.h>
@@ -51,7 +50,7 @@ int run(const std::string& cmd) { return std::system(cmd.c_str()); }
 struct Result {
   double step_s = 0, comm_s = 0, exposed_s = 0;
   bool held_logged = false;  ///< the "holds ... bytes" line was found
-  int64_t optimizer_bytes = 0, ema_bytes = 0, grad_bytes = 0;  ///< the largest logged rank's
+  int64_t optimizer_bytes = 0, ema_bytes = 0, grad_bytes = 0;  ///< the rank holding the most
 };
 
 // "rank R of W holds X bytes of AdamW state, Y of EMA and Z of gradients (dist.shard=...)" lines of a rank's log.
@@ -141,7 +140,7 @@ Result train(const std::string& bin, const std::string& src, const fs::path& wor
   r.step_s = median(step);
   for (double c : comm) r.comm_s += c / static_cast<double>(comm.size());
   for (double e : exposed) r.exposed_s += e / static_cast<double>(exposed.size());
-  for (int rank = 0; rank < world; ++rank) read_held_bytes(work / (tag + "_rank" + std::to_string(rank) + ".log"), r);
+  read_held_bytes(work / (tag + "_rank0.log"), r);
   return r;
 }
 
@@ -204,10 +203,20 @@ int main(int argc, char** argv) {
   std::printf("| ranks | dist.shard | step time (median) | speed-up | reduction span / step | exposed in wait() / step "
               "| hidden | AdamW / rank | EMA / rank | grads / rank | plan: AdamW + EMA + grads / rank |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|\n");
-  std::printf("| 1 | - | %.1f ms | 1.00x | - | - | - | - | - | - | - |\n", one.step_s * 1e3);
+  {
+    const auto cfg = pi0::config::load_config(src + "/configs/debug.yaml",
+                                              {"train.batch_size=" + std::to_string(batch), "train.freeze=" + freeze});
+    const auto plan = pi0::train::plan_rank_memory(cfg, 1);
+    auto logged = [&](int64_t bytes) { return one.held_logged ? mb(bytes) : -1.0; };
+    std::printf("| 1 | - | %.1f ms | 1.00x | - | - | - | %.2f MB | %.2f MB | %.2f MB | %.2f + %.2f + %.2f MB |\n",
+                one.step_s * 1e3, logged(one.optimizer_bytes), logged(one.ema_bytes), logged(one.grad_bytes),
+                mb(plan.optimizer_bytes), mb(plan.ema_bytes), mb(plan.grad_bytes));
+  }
   nlohmann::json out = {{"config", "configs/debug.yaml"}, {"freeze", freeze}, {"global_batch", batch},
                         {"threads_per_rank", threads}, {"bucket_mb", bucket_mb}, {"ranks", ranks},
-                        {"one_rank_step_s", one.step_s}, {"modes", nlohmann::json::object()}};
+                        {"one_rank_step_s", one.step_s}, {"one_rank_optimizer_bytes", one.optimizer_bytes},
+                        {"one_rank_ema_bytes", one.ema_bytes}, {"one_rank_grad_bytes", one.grad_bytes},
+                        {"modes", nlohmann::json::object()}};
   for (const auto& mode : modes) {
     const auto many = train(bin, src, work, ranks, steps, warmup, batch, threads, bucket_mb, freeze, mode);
     const auto cfg = pi0::config::load_config(src + "/configs/debug.yaml",
