@@ -1,8 +1,12 @@
 // Data-parallel step time on CPU: pi0-train on configs/debug.yaml with 1 rank and with N ranks (Gloo, processes
 // on 127.0.0.1, launched like torchrun), same global batch. Reports the median step time after warm-up and, for
 // N ranks, the gradient all-reduce span per step and how much of it backward hid (1 − time in wait() / span).
+// --shard runs the N ranks once per dist.shard mode (comma-separated, or "all") and adds what a rank holds of
+// AdamW state, EMA and gradients after its first step (rank 0 logs "rank R of W holds ..." for every rank; the
+// largest is reported) next to the plan of `pi0-train --print-params --world-size N` (train::plan_rank_memory: the
+// rank with the largest share). --json also prints the figures as one JSON object.
 // Usage (from the build dir): ./bench_ddp [--ranks 2] [--steps 12] [--warmup 3] [--batch-size 16] [--threads 1]
-//                             [--bucket-mb 25] [--freeze full]
+//                             [--bucket-mb 25] [--freeze full] [--shard none|optimizer|gradients|all] [--json]
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -12,10 +16,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "pi0/config/config.h"
 #include "pi0/train/metrics.h"
+#include "pi0/train/rank_memory.h"
 
 extern char** environ;
 namespace fs = std::filesystem;
@@ -38,7 +49,24 @@ int run(const std::string& cmd) { return std::system(cmd.c_str()); }
 
 struct Result {
   double step_s = 0, comm_s = 0, exposed_s = 0;
+  bool held_logged = false;  ///< the "holds ... bytes" line was found
+  int64_t optimizer_bytes = 0, ema_bytes = 0, grad_bytes = 0;  ///< the rank holding the most
 };
+
+// "rank R of W holds X bytes of AdamW state, Y of EMA and Z of gradients (dist.shard=...)" lines of a rank's log.
+void read_held_bytes(const fs::path& log, Result& r) {
+  static const std::regex line(R"(rank \d+ of \d+ holds (\d+) bytes of AdamW state, (\d+) of EMA and (\d+) of gradients)");
+  std::ifstream in(log);
+  std::string text;
+  while (std::getline(in, text)) {
+    std::smatch m;
+    if (!std::regex_search(text, m, line)) continue;
+    const int64_t opt = std::stoll(m[1]), ema = std::stoll(m[2]), grads = std::stoll(m[3]);
+    if (!r.held_logged || opt + ema + grads > r.optimizer_bytes + r.ema_bytes + r.grad_bytes)
+      r.optimizer_bytes = opt, r.ema_bytes = ema, r.grad_bytes = grads;
+    r.held_logged = true;
+  }
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -47,8 +75,9 @@ double median(std::vector<double> v) {
 }
 
 Result train(const std::string& bin, const std::string& src, const fs::path& work, int world, int steps, int warmup,
-             int batch, int threads, int bucket_mb, const std::string& freeze) {
-  const auto run_dir = work / ("run_w" + std::to_string(world));
+             int batch, int threads, int bucket_mb, const std::string& freeze, const std::string& shard) {
+  const std::string tag = "w" + std::to_string(world) + "_" + shard;
+  const auto run_dir = work / ("run_" + tag);
   fs::remove_all(run_dir);
   std::vector<std::string> args = {
       bin + "/pi0-train", "--config", src + "/configs/debug.yaml",
@@ -61,7 +90,8 @@ Result train(const std::string& bin, const std::string& src, const fs::path& wor
       "--set", "train.batch_size=" + std::to_string(batch),
       "--set", "train.freeze=" + freeze,
       "--set", "train.log_interval=1",
-      "--set", "dist.bucket_size_mb=" + std::to_string(bucket_mb)};
+      "--set", "dist.bucket_size_mb=" + std::to_string(bucket_mb),
+      "--set", "dist.shard=" + shard};
   const int port = free_port();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
@@ -75,7 +105,7 @@ Result train(const std::string& bin, const std::string& src, const fs::path& wor
         setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       }
       setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
-      const auto log = (work / ("w" + std::to_string(world) + "_rank" + std::to_string(r) + ".log")).string();
+      const auto log = (work / (tag + "_rank" + std::to_string(r) + ".log")).string();
       if (FILE* f = std::fopen(log.c_str(), "w")) {
         dup2(fileno(f), 1);
         dup2(fileno(f), 2);
@@ -92,8 +122,8 @@ Result train(const std::string& bin, const std::string& src, const fs::path& wor
     int status = 0;
     waitpid(p, &status, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      std::fprintf(stderr, "bench_ddp: a rank of the %d-rank run failed; see %s/w%d_rank*.log\n", world,
-                   work.c_str(), world);
+      std::fprintf(stderr, "bench_ddp: a rank of the %d-rank run failed; see %s/%s_rank*.log\n", world,
+                   work.c_str(), tag.c_str());
       std::exit(1);
     }
   }
@@ -110,16 +140,41 @@ Result train(const std::string& bin, const std::string& src, const fs::path& wor
   r.step_s = median(step);
   for (double c : comm) r.comm_s += c / static_cast<double>(comm.size());
   for (double e : exposed) r.exposed_s += e / static_cast<double>(exposed.size());
+  read_held_bytes(work / (tag + "_rank0.log"), r);
   return r;
 }
+
+std::vector<std::string> split_modes(const std::string& value) {
+  if (value == "all") return {"none", "optimizer", "gradients"};
+  std::vector<std::string> modes;
+  std::stringstream in(value);
+  for (std::string m; std::getline(in, m, ',');) {
+    if (m != "none" && m != "optimizer" && m != "gradients") {
+      std::fprintf(stderr, "bench_ddp: --shard: got '%s', expected none, optimizer, gradients (comma-separated) or all\n",
+                   m.c_str());
+      std::exit(2);
+    }
+    modes.push_back(m);
+  }
+  return modes;
+}
+
+double mb(int64_t bytes) { return static_cast<double>(bytes) / 1e6; }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int ranks = 2, steps = 12, warmup = 3, batch = 16, threads = 1, bucket_mb = 25;
-  std::string freeze = "full";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
+  std::string freeze = "full", shard = "none";
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json") {
+      json = true;
+      continue;
+    }
+    if (i + 1 >= argc) break;
+    const std::string v = argv[++i];
     if (a == "--ranks") ranks = std::stoi(v);
     else if (a == "--steps") steps = std::stoi(v);
     else if (a == "--warmup") warmup = std::stoi(v);
@@ -127,7 +182,9 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::stoi(v);
     else if (a == "--bucket-mb") bucket_mb = std::stoi(v);
     else if (a == "--freeze") freeze = v;
+    else if (a == "--shard") shard = v;
   }
+  const auto modes = split_modes(shard);
   const std::string bin = fs::canonical("/proc/self/exe").parent_path().string();
   std::string src = PI0_BENCH_SOURCE_DIR;
   const auto work = fs::temp_directory_path() / ("pi0_bench_ddp_" + std::to_string(getpid()));
@@ -142,14 +199,47 @@ int main(int argc, char** argv) {
   std::printf("bench_ddp: configs/debug.yaml (float32, freeze %s), global batch %d, %d threads per rank, %d "
               "measured steps after %d warm-up, bucket %d MB\n",
               freeze.c_str(), batch, threads, steps, warmup, bucket_mb);
-  const auto one = train(bin, src, work, 1, steps, warmup, batch, threads, bucket_mb, freeze);
-  const auto many = train(bin, src, work, ranks, steps, warmup, batch, threads, bucket_mb, freeze);
-  std::printf("| ranks | step time (median) | speed-up | all-reduce span / step | exposed in wait() / step | hidden |\n"
-              "|---|---|---|---|---|---|\n");
-  std::printf("| 1 | %.1f ms | 1.00x | - | - | - |\n", one.step_s * 1e3);
-  std::printf("| %d | %.1f ms | %.2fx | %.1f ms | %.1f ms | %.0f %% |\n", ranks, many.step_s * 1e3,
-              one.step_s / many.step_s, many.comm_s * 1e3, many.exposed_s * 1e3,
-              many.comm_s > 0 ? 100.0 * std::max(0.0, 1.0 - many.exposed_s / many.comm_s) : 0.0);
+  const auto one = train(bin, src, work, 1, steps, warmup, batch, threads, bucket_mb, freeze, "none");
+  std::printf("| ranks | dist.shard | step time (median) | speed-up | reduction span / step | exposed in wait() / step "
+              "| hidden | AdamW / rank | EMA / rank | grads / rank | plan: AdamW + EMA + grads / rank |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
+  {
+    const auto cfg = pi0::config::load_config(src + "/configs/debug.yaml",
+                                              {"train.batch_size=" + std::to_string(batch), "train.freeze=" + freeze});
+    const auto plan = pi0::train::plan_rank_memory(cfg, 1);
+    auto logged = [&](int64_t bytes) { return one.held_logged ? mb(bytes) : -1.0; };
+    std::printf("| 1 | - | %.1f ms | 1.00x | - | - | - | %.2f MB | %.2f MB | %.2f MB | %.2f + %.2f + %.2f MB |\n",
+                one.step_s * 1e3, logged(one.optimizer_bytes), logged(one.ema_bytes), logged(one.grad_bytes),
+                mb(plan.optimizer_bytes), mb(plan.ema_bytes), mb(plan.grad_bytes));
+  }
+  nlohmann::json out = {{"config", "configs/debug.yaml"}, {"freeze", freeze}, {"global_batch", batch},
+                        {"threads_per_rank", threads}, {"bucket_mb", bucket_mb}, {"ranks", ranks},
+                        {"one_rank_step_s", one.step_s}, {"one_rank_optimizer_bytes", one.optimizer_bytes},
+                        {"one_rank_ema_bytes", one.ema_bytes}, {"one_rank_grad_bytes", one.grad_bytes},
+                        {"modes", nlohmann::json::object()}};
+  for (const auto& mode : modes) {
+    const auto many = train(bin, src, work, ranks, steps, warmup, batch, threads, bucket_mb, freeze, mode);
+    const auto cfg = pi0::config::load_config(src + "/configs/debug.yaml",
+                                              {"train.batch_size=" + std::to_string(batch), "train.freeze=" + freeze,
+                                               "dist.bucket_size_mb=" + std::to_string(bucket_mb), "dist.shard=" + mode});
+    const auto plan = pi0::train::plan_rank_memory(cfg, ranks);
+    const double hidden = many.comm_s > 0 ? 100.0 * std::max(0.0, 1.0 - many.exposed_s / many.comm_s) : 0.0;
+    auto logged = [&](int64_t bytes) { return many.held_logged ? mb(bytes) : -1.0; };
+    std::printf("| %d | %s | %.1f ms | %.2fx | %.1f ms | %.1f ms | %.0f %% | %.2f MB | %.2f MB | %.2f MB | %.2f + %.2f + "
+                "%.2f MB |\n",
+                ranks, mode.c_str(), many.step_s * 1e3, one.step_s / many.step_s, many.comm_s * 1e3,
+                many.exposed_s * 1e3, hidden, logged(many.optimizer_bytes), logged(many.ema_bytes),
+                logged(many.grad_bytes), mb(plan.optimizer_bytes), mb(plan.ema_bytes), mb(plan.grad_bytes));
+    out["modes"][mode] = {{"step_s", many.step_s},
+                          {"speedup", one.step_s / many.step_s},
+                          {"reduction_span_s", many.comm_s},
+                          {"exposed_s", many.exposed_s},
+                          {"optimizer_bytes", many.optimizer_bytes},
+                          {"ema_bytes", many.ema_bytes},
+                          {"grad_bytes", many.grad_bytes},
+                          {"plan", pi0::train::rank_memory_json(plan)}};
+  }
+  if (json) std::printf("%s\n", out.dump().c_str());
   fs::remove_all(work);
   return 0;
 }

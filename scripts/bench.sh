@@ -67,7 +67,7 @@ run train "$BUILD/bench_train" --warmup 1 --steps $STEPS --threads "$THREADS" --
 run loader "$BUILD/bench_loader" --batches 20 --repeats 3 --train-json "$OUT/train.json"
 run safetensors "$BUILD/bench_safetensors_load" --size-gb $GB
 run checkpoint_verify "$BUILD/bench_checkpoint_verify" --size-gb $GB
-run ddp "$BUILD/bench_ddp" --ranks 2 --steps 12 --batch-size 16
+run ddp "$BUILD/bench_ddp" --ranks 2 --steps 12 --batch-size 16 --shard all
 run infer "$BUILD/bench_infer" --config configs/bench_cpu.yaml --dtype float32 --cameras 1,3 --iters 5 --json "$OUT/infer.json"
 NAMES=(model train loader safetensors checkpoint_verify ddp infer)
 if [ -x "$BUILD/bench_serve" ]; then  # built when Boost.Beast and msgpack-cxx are found

@@ -1,5 +1,5 @@
 // pi0-train: fine-tune pi0 / pi0.5 from a YAML config.
-//   pi0-train --config run.yaml [--set section.key=value ...] [--resume] [--print-params [--json]]
+//   pi0-train --config run.yaml [--set section.key=value ...] [--resume] [--print-params [--world-size N] [--json]]
 // Data parallel: launch one process per GPU (or CPU rank) with torchrun --no-python or SLURM srun; the rank, world
 // size and rendezvous come from the environment (see docs/distributed.md).
 // Exit codes: 0 done (or stopped by SIGINT/SIGTERM: after saving, or before the first step with nothing to save),
@@ -21,6 +21,7 @@
 #include "pi0/distributed/dist_env.h"
 #include "pi0/distributed/process_group.h"
 #include "pi0/train/freeze.h"
+#include "pi0/train/rank_memory.h"
 #include "pi0/train/signals.h"
 #include "pi0/train/trainer.h"
 
@@ -30,17 +31,23 @@ struct Args {
   std::string config;
   std::vector<std::string> overrides;
   bool resume = false, print_params = false, json = false, reference = false;
+  int64_t world_size = 0;  ///< --world-size; 0: the launcher's WORLD_SIZE (1 outside a launched job)
 };
 
 int print_params(const pi0::config::Config& cfg, const Args& args) {
-  const auto env = pi0::distributed::dist_env_from_environment();
-  const auto plan = pi0::train::plan_memory(cfg, env.world_size);
+  // The job being planned: --world-size, else the one this process was launched into (so --print-params inside
+  // a torchrun/srun job reports that job's per-rank figures), else a single process.
+  const int64_t world_size =
+      args.world_size > 0 ? args.world_size : pi0::distributed::dist_env_from_environment().world_size;
+  const auto plan = pi0::train::plan_memory(cfg, world_size);
+  const auto rank = pi0::train::plan_rank_memory(cfg, world_size);
   const auto& b = plan.params;
   // A model built from scratch draws its random initialization in float32 before converting what is stored
   // narrower: that transient is the start-up peak. Weights from a file are created in their storage dtype.
   const bool from_file = !cfg.checkpoint.init_weights.empty() || args.resume;
   const int64_t startup_peak = from_file ? 0 : b.total.total * 4;  // before the optimizer state exists
-  const int64_t peak = std::max(startup_peak, plan.peak_bytes());
+  const int64_t training_peak = rank.peak_bytes(plan.activations);  // = plan.peak_bytes() at world size 1
+  const int64_t peak = std::max(startup_peak, training_peak);
   if (args.json) {
     auto j = pi0::train::breakdown_json(b);
     j["startup_peak_bytes"] = std::max(startup_peak, b.total.memory_bytes() - b.total.grad_bytes);
@@ -48,18 +55,20 @@ int print_params(const pi0::config::Config& cfg, const Args& args) {
     j["activation_bytes"] = plan.activations.saved;
     j["activation_transient_bytes"] = plan.activations.transient;
     j["peak_bytes"] = peak;
+    j["per_rank"] = pi0::train::rank_memory_json(rank);
     std::cout << j.dump(2) << "\n";
   } else {
     auto gib = [](int64_t n) { return static_cast<double>(n) / (1ull << 30); };
     std::cout << pi0::train::format_breakdown(b);
+    if (world_size > 1) std::cout << pi0::train::format_rank_memory(rank);
     std::printf("activations (micro-batch %lld, %lld cameras, %s, gradient checkpointing %s): %.2f GiB kept "
                 "for backward + %.2f GiB transient\n",
                 static_cast<long long>(plan.micro_batch), static_cast<long long>(plan.num_cameras),
                 cfg.train.precision.c_str(), cfg.train.gradient_checkpointing ? "on" : "off",
                 gib(plan.activations.saved), gib(plan.activations.transient));
-    std::printf("predicted training peak: %.2f GiB (+ the process runtime: libraries, data loader)\n",
-                gib(plan.peak_bytes()));
-    if (startup_peak > plan.peak_bytes()) {
+    std::printf("predicted training peak%s: %.2f GiB (+ the process runtime: libraries, data loader)\n",
+                world_size > 1 ? " per rank" : "", gib(training_peak));
+    if (startup_peak > training_peak) {
       std::printf("start-up peak: %.2f GiB (random initialization in float32; set checkpoint.init_weights to "
                   "build directly in the storage dtypes)\n",
                   gib(startup_peak));
@@ -77,6 +86,11 @@ int train_main(int argc, char** argv) {
   auto* print = cli->add_flag("--print-params", args.print_params,
                               "print total, trainable and frozen parameters and their memory per component, then exit");
   cli->add_flag("--json", args.json, "with --print-params: as JSON")->needs(print);
+  cli->add_option("--world-size", args.world_size,
+                  "with --print-params: plan for this many data-parallel ranks (dist.shard decides what they "
+                  "split; default: WORLD_SIZE of a launched job, else 1)")
+      ->check(pi0::app::int_in(1))
+      ->needs(print);
   cli->add_flag("--config-reference", args.reference, "print every config key with its default (markdown) and exit");
   cli->footer("Exit codes: 0 done (or stopped by SIGINT/SIGTERM), 1 internal error, 2 bad input (one line on stderr "
               "naming the flag, key or file), 3 training diverged, 4 distributed failure.");

@@ -54,7 +54,7 @@ TEST_CASE("every app answers --help and --version with exit 0 and refuses unknow
     std::vector<std::string> flags;  // some of its flags, which --help must list
   };
   std::vector<App> apps = {
-      {"pi0-train", {"--config", "--set", "--resume", "--print-params", "--json", "--config-reference"}},
+      {"pi0-train", {"--config", "--set", "--resume", "--print-params", "--json", "--world-size", "--config-reference"}},
       {"pi0-export", {"--checkpoint", "--out", "--weights", "--dtype", "--base-weights"}},
       {"pi0-infer", {"--bundle", "--obs", "--out", "--prompt", "--noise", "--num-steps", "--device", "--loss",
                      "--cuda-graph", "--dtype"}},

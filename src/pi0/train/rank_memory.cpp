@@ -1,0 +1,131 @@
+#include "pi0/train/rank_memory.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "pi0/common/check.h"
+#include "pi0/distributed/shard_layout.h"
+#include "pi0/model/model_config.h"
+#include "pi0/train/trainer.h"
+
+namespace pi0::train {
+
+int64_t RankMemory::peak_bytes(const model::ActivationMemory& activations) const {
+  return persistent_bytes() - grad_bytes +
+         std::max(activations.saved, grad_bytes + in_flight_bytes + activations.last_layer) + activations.transient;
+}
+
+RankMemory plan_rank_memory(const std::vector<model::ParamSpec>& layout, const std::vector<bool>& trainable,
+                            const ParamBreakdown& params, const std::string& shard, int64_t world_size,
+                            int64_t bucket_bytes) {
+  PI0_CHECK(trainable.size() == layout.size(), "plan_rank_memory: mask has ", trainable.size(), " entries for ",
+            layout.size(), " parameters");
+  PI0_CHECK(world_size >= 1, "plan_rank_memory: world size ", world_size);
+  // The trainer's storage dtypes (Trainer::build_model): trainable parameters stay float32 unless train.precision
+  // is bf16; their gradients, the shard accumulators and AdamW's moments share that dtype.
+  const int64_t element_bytes = params.precision == "bf16" ? 2 : 4;
+  std::vector<int64_t> numels, element_sizes;
+  int64_t largest = 0;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    if (!trainable[i]) continue;
+    numels.push_back(layout[i].numel());
+    element_sizes.push_back(element_bytes);
+    largest = std::max(largest, layout[i].numel() * element_bytes);
+  }
+  const int64_t grad_total = params.total.grad_bytes;
+  PI0_CHECK(grad_total == params.total.trainable * element_bytes,
+            "plan_rank_memory: breakdown of another precision or layout");
+
+  const auto mode = world_size > 1 ? distributed::parse_shard_mode(shard) : distributed::ShardMode::kNone;
+  RankMemory m;
+  m.world_size = world_size;
+  m.shard = distributed::to_string(mode);
+  m.trainable = params.total.trainable;
+  m.weight_bytes = params.total.weight_bytes;
+  m.cast_bytes = params.total.cast_bytes;
+  if (mode == distributed::ShardMode::kNone) {
+    m.share_elements = params.total.trainable;
+    m.grad_bytes = grad_total;
+    m.optimizer_bytes = params.total.optimizer_bytes;
+    m.ema_bytes = params.total.ema_bytes;
+    m.reducer_bytes = world_size > 1 ? grad_total : 0;
+    return m;
+  }
+  // Sharded: the figures of the rank that owns the most bytes (the layout balances them within one element).
+  const distributed::ShardLayout shards(numels, element_sizes, world_size);
+  std::vector<int64_t> elements(static_cast<size_t>(world_size), 0);
+  for (const auto& piece : shards.pieces()) elements[static_cast<size_t>(piece.owner)] += piece.numel();
+  for (int64_t r = 0; r < world_size; ++r)
+    if (shards.bytes_of(r) > shards.bytes_of(m.rank)) m.rank = r;
+  m.share_elements = elements[static_cast<size_t>(m.rank)];
+  const int64_t share_bytes = shards.bytes_of(m.rank);
+  m.optimizer_bytes = 2 * share_bytes;
+  m.ema_bytes = params.ema ? 4 * m.share_elements : 0;
+  if (mode == distributed::ShardMode::kOptimizer) {
+    m.grad_bytes = grad_total;  // all-reduced in full, then the optimizer reads the owned elements
+    m.reducer_bytes = grad_total;
+  } else {
+    m.grad_bytes = share_bytes;
+    // ShardedGradReducer's window (2 × bucket) plus the gradient that was just produced, never more than all of them.
+    m.in_flight_bytes = std::min(grad_total, 2 * bucket_bytes + largest);
+  }
+  return m;
+}
+
+RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size) {
+  const auto layout = model::parameter_layout(model::options_from_config(cfg.model));
+  const auto mask = trainable_mask(names_of(layout), cfg.train.freeze, cfg.train.trainable_include,
+                                   cfg.train.trainable_exclude);
+  return plan_rank_memory(layout, mask, planned_breakdown(cfg), cfg.dist.shard, world_size,
+                          cfg.dist.bucket_size_mb << 20);
+}
+
+nlohmann::json rank_memory_json(const RankMemory& m) {
+  return {{"world_size", m.world_size},
+          {"shard", m.shard},
+          {"rank", m.rank},
+          {"trainable", m.trainable},
+          {"share_elements", m.share_elements},
+          {"weight_bytes", m.weight_bytes},
+          {"cast_bytes", m.cast_bytes},
+          {"grad_bytes", m.grad_bytes},
+          {"reducer_bytes", m.reducer_bytes},
+          {"optimizer_bytes", m.optimizer_bytes},
+          {"ema_bytes", m.ema_bytes},
+          {"persistent_bytes", m.persistent_bytes()},
+          {"in_flight_bytes", m.in_flight_bytes}};
+}
+
+std::string format_rank_memory(const RankMemory& m) {
+  auto gib = [](int64_t n) { return static_cast<double>(n) / (1ull << 30); };
+  const bool sharded = m.shard != "none";
+  std::string out;
+  char line[256];
+  auto add = [&](const char* what, int64_t bytes, const std::string& note) {
+    std::snprintf(line, sizeof line, "  %-22s %9.2f GiB%s%s\n", what, gib(bytes), note.empty() ? "" : "  ",
+                  note.c_str());
+    out += line;
+  };
+  std::snprintf(line, sizeof line, "per rank (world size %lld, dist.shard=%s%s):\n",
+                static_cast<long long>(m.world_size), m.shard.c_str(),
+                sharded ? (", rank " + std::to_string(m.rank) + " holds the largest share: " +
+                           with_thousands(m.share_elements) + " of " + with_thousands(m.trainable) + " trainable")
+                              .c_str()
+                        : "");
+  out += line;
+  add("weights", m.weight_bytes, "replicated");
+  add("casts", m.cast_bytes, "replicated");
+  add("grads", m.grad_bytes, m.shard == "gradients" ? "this rank's share" : "all trainable");
+  add("reduction buffers", m.reducer_bytes,
+      m.reducer_bytes > 0         ? "gradient all-reduce buckets: one more copy of the gradients"
+      : m.shard == "gradients" ? "none kept: gradients are reduced to their owners during backward"
+                               : "");
+  add("optimizer", m.optimizer_bytes, sharded ? "this rank's share" : "all trainable");
+  add("ema", m.ema_bytes, sharded ? "this rank's share" : "all trainable");
+  add("persistent", m.persistent_bytes(), "");
+  if (m.in_flight_bytes > 0)
+    add("in flight (backward)", m.in_flight_bytes, "at most: other ranks' gradient pieces being reduced");
+  return out;
+}
+
+}  // namespace pi0::train

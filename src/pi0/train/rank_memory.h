@@ -1,0 +1,71 @@
+// Per-rank memory of data-parallel training under dist.shard (ZeRO-1/2), planned from shapes alone so a user can
+// size a job without launching it (`pi0-train --print-params --world-size N`). The shares come from the same
+// distributed::ShardLayout the trainer builds, over the trainable parameters of model::parameter_layout() in
+// registration order with their storage element sizes, so the plan names the bytes the largest rank will hold.
+//
+// What each rank holds (docs/distributed.md, "Sharding"):
+//   weights, bf16 cast cache     replicated: every rank runs the whole forward and backward
+//   gradients                    all trainable gradients (none, optimizer), or the owned share (gradients)
+//   reduction buffers            none / optimizer at world > 1: GradReducer's flat buckets, one more copy of the
+//                                trainable gradients, allocated once and kept
+//   AdamW moments                all (none), or the share: 2 per element in the parameter's dtype
+//   EMA                          all (none), or the share: float32, 1 per element
+// With dist.shard=gradients, gradients not owned by the rank exist only during backward, while their reductions are
+// in flight: at most the reduction window (2 × dist.bucket_size_mb) plus the gradient just produced, which is whole
+// until its pieces have been sent. That is a backward transient (in the peak), not state kept between steps.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "pi0/config/config.h"
+#include "pi0/model/activation_memory.h"
+#include "pi0/model/param_layout.h"
+#include "pi0/train/freeze.h"
+
+namespace pi0::train {
+
+/// Memory of one data-parallel rank, in bytes: the rank with the largest share (the one a GPU must fit).
+struct RankMemory {
+  int64_t world_size = 1;
+  std::string shard = "none";   ///< the mode in effect: dist.shard, or "none" at world size 1 (nothing to split)
+  int64_t rank = 0;             ///< which rank these figures are for (the largest share)
+  int64_t trainable = 0;        ///< trainable elements of the whole model
+  int64_t share_elements = 0;   ///< trainable elements whose optimizer state this rank keeps (all when unsharded)
+  int64_t weight_bytes = 0;     ///< every parameter in its storage dtype (replicated)
+  int64_t cast_bytes = 0;       ///< bf16 copies of trainable layer weights (replicated; 0 unless bf16-mixed)
+  int64_t grad_bytes = 0;       ///< gradients kept until the optimizer step
+  int64_t reducer_bytes = 0;    ///< GradReducer flat buckets (world > 1, shard none or optimizer)
+  int64_t optimizer_bytes = 0;  ///< AdamW exp_avg + exp_avg_sq
+  int64_t ema_bytes = 0;        ///< float32 EMA (0 when train.ema_decay is 0)
+  /// dist.shard=gradients: bound on other ranks' gradient pieces alive during backward (0 otherwise).
+  int64_t in_flight_bytes = 0;
+
+  int64_t persistent_bytes() const {
+    return weight_bytes + cast_bytes + grad_bytes + reducer_bytes + optimizer_bytes + ema_bytes;
+  }
+  /// Training peak of this rank with `activations` of its micro-batch, by MemoryPlan::peak_bytes's rule (the step
+  /// holds the larger of the saved activations and the gradients plus the last layer's tensors), the gradients
+  /// during backward being this rank's plus those in flight.
+  int64_t peak_bytes(const model::ActivationMemory& activations) const;
+};
+
+/// `layout` and `trainable`: the model's parameters in registration order and their trainable flags;
+/// `params`: breakdown() of the same layout (precision, EMA, weights and cast cache as the run configures them);
+/// `shard`: "none", "optimizer" or "gradients"; `bucket_bytes`: dist.bucket_size_mb · 2^20.
+RankMemory plan_rank_memory(const std::vector<model::ParamSpec>& layout, const std::vector<bool>& trainable,
+                            const ParamBreakdown& params, const std::string& shard, int64_t world_size,
+                            int64_t bucket_bytes);
+
+/// The same for a config (dist.shard, dist.bucket_size_mb, the freeze preset, precision, EMA, cast cache).
+RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size);
+
+/// {"world_size", "shard", "rank", "share_elements", "weight_bytes", …, "persistent_bytes"}.
+nlohmann::json rank_memory_json(const RankMemory& m);
+
+/// Aligned text block, memory in GiB: one line per term, then the persistent total.
+std::string format_rank_memory(const RankMemory& m);
+
+}  // namespace pi0::train

@@ -1,0 +1,183 @@
+// The per-rank memory plan of --print-params --world-size (train/rank_memory.h) against what a rank really holds:
+// a tiny model is instantiated with the trainer's storage dtypes, each rank's share is cut with ShardLayout over
+// the real tensors, and AdamW and the EMA are built over views of that share (as Trainer::build_model does) and
+// stepped once, so their state is measured from the tensors, like Trainer::rank_state_bytes.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "pi0/config/config.h"
+#include "pi0/distributed/parameter_shards.h"
+#include "pi0/distributed/shard_layout.h"
+#include "pi0/model/model_config.h"
+#include "pi0/train/ema.h"
+#include "pi0/train/freeze.h"
+#include "pi0/train/optimizer.h"
+#include "pi0/train/rank_memory.h"
+#include "pi0/train/trainer.h"
+
+using namespace pi0;
+
+namespace {
+
+const char* kTiny = R"(
+model:
+  type: pi05
+  paligemma_variant: dummy
+  action_expert_variant: dummy
+  siglip_variant: {width: 48, depth: 2, mlp_dim: 96, num_heads: 4, patch_size: 14}
+  vocab_size: 1024
+  image_size: 28
+  action_dim: 8
+  action_horizon: 4
+  max_token_len: 6
+train:
+  batch_size: 12
+)";
+
+int64_t bytes_of(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+int64_t state_bytes(const std::map<std::string, torch::Tensor>& state) {
+  int64_t n = 0;
+  for (const auto& [key, t] : state)
+    if (t.dim() > 0) n += bytes_of(t);  // not AdamW's step count
+  return n;
+}
+
+// What one rank of a real run holds, measured.
+struct Held {
+  int64_t grads = 0, optimizer = 0, ema = 0;
+  int64_t total() const { return grads + optimizer + ema; }
+};
+
+}  // namespace
+
+TEST_CASE("per-rank memory plan: shares, AdamW and EMA bytes equal those of the owned views of a real model",
+          "[unit][train]") {
+  for (const std::string precision : {"float32", "bf16-mixed", "bf16"}) {
+    for (const std::string freeze : {"full", "action-expert-only"}) {
+      const auto cfg = config::parse_config(YAML::Load(kTiny), "tiny.yaml",
+                                            {"train.precision=" + precision, "train.freeze=" + freeze,
+                                             "train.ema_decay=0.99", "dist.bucket_size_mb=1"});
+      // The model with the trainer's storage dtypes: bf16 for all ("bf16") or for the frozen ("bf16-mixed").
+      model::Pi0 net(model::options_from_config(cfg.model));
+      const auto mask = train::apply_freeze(*net, freeze);
+      train::NamedTensors trainable;
+      int64_t weights = 0, all_grads = 0, largest = 0;
+      {
+        torch::NoGradGuard no_grad;
+        size_t i = 0;
+        for (auto& item : net->named_parameters()) {
+          auto& p = item.value();
+          const bool trains = mask[i++];
+          if (precision == "bf16" || (precision == "bf16-mixed" && !trains)) p.set_data(p.data().to(torch::kBFloat16));
+          weights += bytes_of(p);
+          if (!trains) continue;
+          trainable.emplace_back(item.key(), p);
+          all_grads += bytes_of(p);
+          largest = std::max(largest, bytes_of(p));
+        }
+      }
+      std::vector<int64_t> numels, sizes;
+      for (const auto& [name, p] : trainable) {
+        numels.push_back(p.numel());
+        sizes.push_back(static_cast<int64_t>(p.element_size()));
+      }
+      // Measured state of `views` (a rank's share, or every trainable parameter), after one AdamW step.
+      auto hold = [&](const train::NamedTensors& views) {
+        std::vector<torch::Tensor> grads;
+        Held h;
+        for (const auto& [name, v] : views) {
+          grads.push_back(torch::ones_like(v));
+          h.grads += bytes_of(grads.back());
+        }
+        train::AdamW adamw(views, {});
+        train::Ema ema(views, 0.99);
+        adamw.step(1e-9, grads);
+        h.optimizer = state_bytes(adamw.state_dict());
+        h.ema = state_bytes(ema.state_dict());
+        return h;
+      };
+      const Held everything = hold(trainable);
+      REQUIRE(everything.optimizer == 2 * all_grads);
+
+      for (const int64_t world : {1, 2, 3}) {
+        const distributed::ShardLayout layout(numels, sizes, world);
+        std::vector<Held> per_rank;
+        for (int64_t r = 0; r < world; ++r) {
+          train::NamedTensors views;
+          for (const auto& piece : layout.owned_by(r)) {
+            const auto& [name, p] = trainable[piece.param];
+            views.emplace_back(name, distributed::flat_range(p.data(), piece.begin, piece.end));
+          }
+          per_rank.push_back(hold(views));
+        }
+        const auto largest_share = std::max_element(per_rank.begin(), per_rank.end(),
+                                                    [](const Held& a, const Held& b) { return a.total() < b.total(); });
+        for (const std::string shard : {"none", "optimizer", "gradients"}) {
+          INFO(precision << ", freeze " << freeze << ", world " << world << ", shard " << shard);
+          auto c = cfg;
+          c.dist.shard = shard;
+          const auto m = train::plan_rank_memory(c, world);
+          const bool sharded = world > 1 && shard != "none";
+          CHECK(m.shard == (world > 1 ? shard : "none"));
+          CHECK(m.weight_bytes == weights);
+          CHECK(m.cast_bytes == train::planned_breakdown(c).total.cast_bytes);
+          if (!sharded) {
+            CHECK(m.grad_bytes == everything.grads);
+            CHECK(m.optimizer_bytes == everything.optimizer);
+            CHECK(m.ema_bytes == everything.ema);
+            CHECK(m.reducer_bytes == (world > 1 ? all_grads : 0));  // GradReducer's flat buckets
+            CHECK(m.in_flight_bytes == 0);
+            continue;
+          }
+          // The plan names the rank with the largest share, and its bytes are that rank's measured ones.
+          REQUIRE(m.rank >= 0);
+          REQUIRE(m.rank < world);
+          const auto& held = per_rank[static_cast<size_t>(m.rank)];
+          CHECK(held.total() == largest_share->total());
+          CHECK(m.optimizer_bytes == held.optimizer);
+          CHECK(m.ema_bytes == held.ema);
+          // Balanced by bytes: the largest share exceeds an even split by less than one element.
+          CHECK(held.grads * world - all_grads < world * sizes.front());
+          if (shard == "optimizer") {
+            CHECK(m.grad_bytes == all_grads);  // all-reduced in full
+            CHECK(m.reducer_bytes == all_grads);
+            CHECK(m.in_flight_bytes == 0);
+          } else {
+            CHECK(m.grad_bytes == held.grads);
+            CHECK(m.reducer_bytes == 0);
+            CHECK(m.in_flight_bytes == std::min(all_grads, 2 * (int64_t{1} << 20) + largest));
+          }
+          CHECK(m.persistent_bytes() ==
+                m.weight_bytes + m.cast_bytes + m.grad_bytes + m.reducer_bytes + m.optimizer_bytes + m.ema_bytes);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("per-rank memory plan: one rank is the whole-model plan, sharding lowers the peak", "[unit][train]") {
+  for (const std::string precision : {"float32", "bf16-mixed"}) {
+    INFO(precision);
+    const auto cfg = config::parse_config(YAML::Load(kTiny), "tiny.yaml",
+                                          {"train.precision=" + precision, "dist.shard=gradients"});
+    const auto whole = train::plan_memory(cfg, 1);
+    const auto one = train::plan_rank_memory(cfg, 1);
+    CHECK(one.shard == "none");
+    CHECK(one.persistent_bytes() == whole.params.total.memory_bytes());
+    CHECK(one.peak_bytes(whole.activations) == whole.peak_bytes());
+    // More ranks, smaller micro-batch and smaller shares: the per-rank peak falls with each mode's savings.
+    const auto plan3 = train::plan_memory(cfg, 3);
+    auto peak = [&](const std::string& shard) {
+      auto c = cfg;
+      c.dist.shard = shard;
+      return train::plan_rank_memory(c, 3).peak_bytes(plan3.activations);
+    };
+    CHECK(peak("optimizer") < peak("none"));
+    CHECK(train::plan_rank_memory(cfg, 3).persistent_bytes() < train::plan_rank_memory(cfg, 2).persistent_bytes());
+    const auto json = train::rank_memory_json(train::plan_rank_memory(cfg, 3));
+    CHECK(json.at("shard") == "gradients");
+    CHECK(json.at("persistent_bytes").get<int64_t>() == train::plan_rank_memory(cfg, 3).persistent_bytes());
+  }
+}
