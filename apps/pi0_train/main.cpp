@@ -48,14 +48,18 @@ int print_params(const pi0::config::Config& cfg, const Args& args) {
   const int64_t startup_peak = from_file ? 0 : b.total.total * 4;  // before the optimizer state exists
   const int64_t training_peak = rank.peak_bytes(plan.activations);  // = plan.peak_bytes() at world size 1
   const int64_t peak = std::max(startup_peak, training_peak);
+  const int64_t beyond_tensors = plan.runtime_bytes + plan.allocator_slack_bytes;
   if (args.json) {
     auto j = pi0::train::breakdown_json(b);
     j["startup_peak_bytes"] = std::max(startup_peak, b.total.memory_bytes() - b.total.grad_bytes);
     j["micro_batch"] = plan.micro_batch;
     j["activation_bytes"] = plan.activations.saved;
     j["activation_transient_bytes"] = plan.activations.transient;
-    j["peak_bytes"] = peak;
+    j["peak_bytes"] = peak;  // tensors only: what the allocator holds
     j["per_rank"] = pi0::train::rank_memory_json(rank);
+    j["runtime_bytes"] = plan.runtime_bytes;
+    j["allocator_slack_bytes"] = plan.allocator_slack_bytes;
+    j["resident_peak_bytes"] = peak + beyond_tensors;  // compare with the peak RSS
     std::cout << j.dump(2) << "\n";
   } else {
     auto gib = [](int64_t n) { return static_cast<double>(n) / (1ull << 30); };
@@ -66,12 +70,14 @@ int print_params(const pi0::config::Config& cfg, const Args& args) {
                 static_cast<long long>(plan.micro_batch), static_cast<long long>(plan.num_cameras),
                 cfg.train.precision.c_str(), cfg.train.gradient_checkpointing ? "on" : "off",
                 gib(plan.activations.saved), gib(plan.activations.transient));
-    std::printf("predicted training peak%s: %.2f GiB (+ the process runtime: libraries, data loader)\n",
-                world_size > 1 ? " per rank" : "", gib(training_peak));
+    std::printf("predicted training peak%s: %.2f GiB of tensors; resident (peak RSS) %.2f GiB with the process "
+                "runtime (%.2f GiB: libraries, threads, data loader) and the allocator's slack (%.2f GiB)\n",
+                world_size > 1 ? " per rank" : "", gib(training_peak), gib(training_peak + beyond_tensors),
+                gib(plan.runtime_bytes), gib(plan.allocator_slack_bytes));
     if (startup_peak > training_peak) {
-      std::printf("start-up peak: %.2f GiB (random initialization in float32; set checkpoint.init_weights to "
-                  "build directly in the storage dtypes)\n",
-                  gib(startup_peak));
+      std::printf("start-up peak: %.2f GiB of tensors, %.2f GiB resident (random initialization in float32; set "
+                  "checkpoint.init_weights to build directly in the storage dtypes)\n",
+                  gib(startup_peak), gib(startup_peak + beyond_tensors));
     }
   }
   return 0;

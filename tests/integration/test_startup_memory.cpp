@@ -279,3 +279,33 @@ TEST_CASE("memory plan: predicted training peak within 10 percent of the measure
     WARN(name << ": measured " << measured / 1e6 << " MB, predicted " << predicted / 1e6 << " MB");
   }
 }
+
+// What the resident prediction adds to the tensors (MemoryPlan::resident_peak_bytes): the measured runtime floor,
+// the loader's batches beyond one sample each, and one activation working set of allocator slack. Shapes only:
+// the full-size pi0.5 config is never allocated.
+TEST_CASE("memory plan: the resident peak adds the runtime floor and loader batches and allocator slack",
+          "[unit][train]") {
+  const std::string cfg_path = std::string(PI0_SOURCE_DIR) + "/configs/pi05_libero_lora.yaml";
+  auto plan_for = [&](std::vector<std::string> o, int64_t world_size = 1) {
+    o.push_back("data.prefetch=4");
+    return train::plan_memory(config::load_config(cfg_path, o), world_size);
+  };
+  const int64_t image_bytes = 3 * 3 * 224 * 224 * 4;  // three camera slots of float32 3 × 224 × 224 images
+  const auto one = plan_for({"train.batch_size=1", "data.num_workers=1"});
+  CHECK(one.runtime_bytes == train::MemoryPlan::kRuntimeFloorBytes);
+  CHECK(one.allocator_slack_bytes == one.activations.peak());
+  CHECK(one.allocator_slack_bytes > 0);
+  CHECK(one.resident_peak_bytes() == one.peak_bytes() + one.runtime_bytes + one.allocator_slack_bytes);
+
+  // 8 samples per batch, 4 queued + 2 being built: 7 more images per batch held than in the floor's run.
+  const auto eight = plan_for({"train.batch_size=8", "data.num_workers=2"});
+  CHECK(eight.runtime_bytes - train::MemoryPlan::kRuntimeFloorBytes == 6 * 7 * image_bytes);
+  // Two ranks: each loads its own 4 samples per batch.
+  const auto ranks = plan_for({"train.batch_size=8", "data.num_workers=2"}, 2);
+  CHECK(ranks.runtime_bytes - train::MemoryPlan::kRuntimeFloorBytes == 6 * 3 * image_bytes);
+  // No workers: batches are built one at a time on the trainer's thread, nothing is queued.
+  const auto inline_loader = plan_for({"train.batch_size=8", "data.num_workers=0"});
+  CHECK(inline_loader.runtime_bytes - train::MemoryPlan::kRuntimeFloorBytes == 7 * image_bytes);
+  // Larger batches also hold more activations, hence more slack.
+  CHECK(eight.allocator_slack_bytes > one.allocator_slack_bytes);
+}

@@ -132,6 +132,13 @@ MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size) {
   plan.activations = model::activation_memory(model::options_from_config(cfg.model), plan.micro_batch,
                                               plan.num_cameras, cfg.train.precision == "float32" ? 4 : 2,
                                               cfg.train.gradient_checkpointing);
+  // The floor was measured with batches of one sample; larger batches add their queued and in-flight images
+  // (without workers the loader builds one batch at a time on the trainer's thread).
+  const int64_t local_batch = std::max<int64_t>(1, cfg.train.batch_size / std::max<int64_t>(1, world_size));
+  const int64_t image_bytes = plan.num_cameras * 3 * cfg.model.image_size * cfg.model.image_size * 4;
+  const int64_t batches_held = cfg.data.num_workers == 0 ? 1 : cfg.data.prefetch + cfg.data.num_workers;
+  plan.runtime_bytes = MemoryPlan::kRuntimeFloorBytes + batches_held * (local_batch - 1) * image_bytes;
+  plan.allocator_slack_bytes = plan.activations.peak();
   return plan;
 }
 
