@@ -70,10 +70,17 @@ int print_params(const pi0::config::Config& cfg, const Args& args) {
                 static_cast<long long>(plan.micro_batch), static_cast<long long>(plan.num_cameras),
                 cfg.train.precision.c_str(), cfg.train.gradient_checkpointing ? "on" : "off",
                 gib(plan.activations.saved), gib(plan.activations.transient));
-    std::printf("predicted training peak%s: %.2f GiB of tensors; resident (peak RSS) %.2f GiB with the process "
-                "runtime (%.2f GiB: libraries, threads, data loader) and the allocator's slack (%.2f GiB)\n",
-                world_size > 1 ? " per rank" : "", gib(training_peak), gib(training_peak + beyond_tensors),
-                gib(plan.runtime_bytes), gib(plan.allocator_slack_bytes));
+    if (cfg.train.device.rfind("cuda", 0) == 0) {
+      // Tensors live on the GPU there; the host-side runtime and glibc slack terms were calibrated on CPU runs.
+      std::printf("predicted training peak%s: %.2f GiB of tensors on the GPU (+ the CUDA context and the caching "
+                  "allocator's reserve)\n", world_size > 1 ? " per rank" : "", gib(training_peak));
+    } else {
+      std::printf("predicted training peak%s: %.2f GiB of tensors; resident (peak RSS) %.2f GiB with the process "
+                  "runtime (%.2f GiB: libraries, threads, data loader) and the allocator's slack (%.2f GiB, one "
+                  "activation working set: calibrated at batch 1)\n",
+                  world_size > 1 ? " per rank" : "", gib(training_peak), gib(training_peak + beyond_tensors),
+                  gib(plan.runtime_bytes), gib(plan.allocator_slack_bytes));
+    }
     if (startup_peak > training_peak) {
       std::printf("start-up peak: %.2f GiB of tensors, %.2f GiB resident (random initialization in float32; set "
                   "checkpoint.init_weights to build directly in the storage dtypes)\n",
