@@ -13,8 +13,10 @@ using Clock = std::chrono::steady_clock;
 struct Bucket {
   std::vector<size_t> params;  ///< indices into State::params
   std::vector<int64_t> offsets;
-  torch::Tensor flat;          ///< one dtype, on the process group's device
-  int64_t pending = 0;         ///< gradients not yet accumulated in this backward
+  int64_t numel = 0;
+  torch::TensorOptions options;  ///< one dtype, on the process group's device
+  torch::Tensor flat;            ///< from launch to wait(); then the gradients are views of it
+  int64_t pending = 0;           ///< gradients not yet accumulated in this backward
   bool launched = false, rerun = false;
   std::unique_ptr<PendingWork> work;
 };
@@ -26,6 +28,7 @@ struct GradReducer::State {
   std::vector<torch::Tensor> params;
   std::vector<size_t> bucket_of;
   std::vector<bool> seen;
+  std::vector<bool> had_grad;  ///< per parameter: a gradient was packed this step
   std::vector<Bucket> buckets;
   size_t next_launch = 0;
   bool sync = true;
@@ -35,17 +38,28 @@ struct GradReducer::State {
   std::unique_ptr<GradAccumulationHooks> hooks;
   std::mutex mutex;
 
-  void launch(size_t b) {
-    auto& bucket = buckets[b];
-    {
-      torch::NoGradGuard no_grad;
-      for (size_t k = 0; k < bucket.params.size(); ++k) {
-        const auto& g = params[bucket.params[k]].grad();
-        auto slice = bucket.flat.narrow(0, bucket.offsets[k], params[bucket.params[k]].numel());
-        if (g.defined()) slice.copy_(g.reshape({-1}));
-        else slice.zero_();  // unused on this rank this step; all ranks run the same graph, so unused everywhere
+  // The bucket's gradients, copied into a new flat buffer and released: from here until wait() hands the averages
+  // back as views of the buffer, a rank holds each gradient once (not a gradient and a bucket copy of it).
+  torch::Tensor pack(Bucket& bucket) {
+    torch::NoGradGuard no_grad;
+    auto flat = torch::empty({bucket.numel}, bucket.options);
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      auto& p = params[bucket.params[k]];
+      auto slice = flat.narrow(0, bucket.offsets[k], p.numel());
+      if (p.grad().defined()) {
+        slice.copy_(p.grad().reshape({-1}));
+        had_grad[bucket.params[k]] = true;
+        p.mutable_grad() = torch::Tensor();
+      } else {
+        slice.zero_();  // unused on this rank this step; all ranks run the same graph, so unused everywhere
       }
     }
+    return flat;
+  }
+
+  void launch(size_t b) {
+    auto& bucket = buckets[b];
+    bucket.flat = pack(bucket);
     if (!any_launched) {
       any_launched = true;
       first_launch = Clock::now();
@@ -60,8 +74,8 @@ struct GradReducer::State {
     if (!sync) return;
     auto& bucket = buckets[bucket_of[i]];
     if (seen[i]) {
-      // Accumulated again in the same backward (re-entrant checkpointing): reduce the bucket again in wait()
-      // if it already left with the earlier value.
+      // Accumulated again in the same backward (re-entrant checkpointing): if the bucket already left, the new
+      // .grad holds only the later part; wait() reduces it too and adds it.
       if (bucket.launched) bucket.rerun = true;
       return;
     }
@@ -86,6 +100,7 @@ GradReducer::GradReducer(ProcessGroup& pg, std::vector<std::pair<std::string, to
   }
   s.bucket_of.resize(s.params.size());
   s.seen.assign(s.params.size(), false);
+  s.had_grad = s.seen;
   // Reverse registration order ≈ the order backward produces gradients; one open bucket per dtype.
   std::map<c10::ScalarType, size_t> open;
   std::vector<int64_t> bytes;
@@ -108,7 +123,8 @@ GradReducer::GradReducer(ProcessGroup& pg, std::vector<std::pair<std::string, to
   for (size_t b = 0; b < s.buckets.size(); ++b) {
     auto& bucket = s.buckets[b];
     const auto& last = s.params[bucket.params.back()];
-    bucket.flat = torch::zeros({bucket.offsets.back() + last.numel()}, last.options().requires_grad(false));
+    bucket.numel = bucket.offsets.back() + last.numel();
+    bucket.options = last.options().requires_grad(false);
     bucket.pending = static_cast<int64_t>(bucket.params.size());
   }
   std::weak_ptr<State> weak = state_;
@@ -140,21 +156,26 @@ void GradReducer::wait() {
     last_done = std::max(last_done, bucket.work->completed_at());
     if (bucket.rerun) {
       ++s.stats.rereductions;
-      s.launch(b);
-      bucket.work->wait();
-      last_done = std::max(last_done, bucket.work->completed_at());
+      auto extra = s.pack(bucket);
+      auto work = s.pg->all_reduce_sum_async(extra, "gradient re-reduction (bucket " + std::to_string(b) + ")");
+      work->wait();
+      last_done = std::max(last_done, work->completed_at());
+      torch::NoGradGuard no_grad;
+      bucket.flat.add_(extra);
     }
   }
   const double world = static_cast<double>(s.pg->world_size());
   {
+    // The averages become the gradients, as views of the buckets (no copy back, no second buffer).
     torch::NoGradGuard no_grad;
     for (auto& bucket : s.buckets) {
       bucket.flat.div_(world);
       for (size_t k = 0; k < bucket.params.size(); ++k) {
-        auto& p = s.params[bucket.params[k]];
-        auto g = p.grad();
-        if (g.defined()) g.copy_(bucket.flat.narrow(0, bucket.offsets[k], p.numel()).view(g.sizes()));
+        const size_t i = bucket.params[k];
+        auto& p = s.params[i];
+        if (s.had_grad[i]) p.mutable_grad() = bucket.flat.narrow(0, bucket.offsets[k], p.numel()).view(p.sizes());
       }
+      bucket.flat = torch::Tensor();  // the gradients keep it alive until they are dropped
       bucket.work.reset();
       bucket.launched = bucket.rerun = false;
       bucket.pending = static_cast<int64_t>(bucket.params.size());
@@ -165,6 +186,7 @@ void GradReducer::wait() {
   s.stats.comm_seconds += std::chrono::duration<double>(last_done - s.first_launch).count();
   ++s.stats.steps;
   std::fill(s.seen.begin(), s.seen.end(), false);
+  std::fill(s.had_grad.begin(), s.had_grad.end(), false);
   s.next_launch = 0;
   s.any_launched = false;
 }

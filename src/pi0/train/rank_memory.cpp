@@ -48,7 +48,8 @@ RankMemory plan_rank_memory(const std::vector<model::ParamSpec>& layout, const s
     m.grad_bytes = grad_total;
     m.optimizer_bytes = params.total.optimizer_bytes;
     m.ema_bytes = params.total.ema_bytes;
-    m.reducer_bytes = world_size > 1 ? grad_total : 0;
+    // The gradients become views of the all-reduce buckets: while a bucket is packed, its gradients exist twice.
+    if (world_size > 1) m.in_flight_bytes = std::min(grad_total, std::max(bucket_bytes, largest));
     return m;
   }
   // Sharded: the figures of the rank that owns the most bytes (the layout balances them within one element).
@@ -62,8 +63,8 @@ RankMemory plan_rank_memory(const std::vector<model::ParamSpec>& layout, const s
   m.optimizer_bytes = 2 * share_bytes;
   m.ema_bytes = params.ema ? 4 * m.share_elements : 0;
   if (mode == distributed::ShardMode::kOptimizer) {
-    m.grad_bytes = grad_total;  // all-reduced in full, then the optimizer reads the owned elements
-    m.reducer_bytes = grad_total;
+    m.grad_bytes = grad_total;  // all-reduced in full (as views of the buckets), the optimizer reads its elements
+    m.in_flight_bytes = std::min(grad_total, std::max(bucket_bytes, largest));
   } else {
     m.grad_bytes = share_bytes;
     // ShardedGradReducer's window (2 × bucket) plus the gradient that was just produced, never more than all of them.
@@ -117,14 +118,16 @@ std::string format_rank_memory(const RankMemory& m) {
   add("casts", m.cast_bytes, "replicated");
   add("grads", m.grad_bytes, m.shard == "gradients" ? "this rank's share" : "all trainable");
   add("reduction buffers", m.reducer_bytes,
-      m.reducer_bytes > 0         ? "gradient all-reduce buckets: one more copy of the gradients"
-      : m.shard == "gradients" ? "none kept: gradients are reduced to their owners during backward"
-                               : "");
+      m.shard == "gradients" ? "none kept: gradients are reduced to their owners during backward"
+      : m.world_size > 1     ? "none kept: the gradients are views of the all-reduce buckets"
+                             : "");
   add("optimizer", m.optimizer_bytes, sharded ? "this rank's share" : "all trainable");
   add("ema", m.ema_bytes, sharded ? "this rank's share" : "all trainable");
   add("persistent", m.persistent_bytes(), "");
   if (m.in_flight_bytes > 0)
-    add("in flight (backward)", m.in_flight_bytes, "at most: other ranks' gradient pieces being reduced");
+    add("in flight (backward)", m.in_flight_bytes,
+        m.shard == "gradients" ? "at most: other ranks' gradient pieces being reduced"
+                               : "at most: a bucket being packed while its gradients still exist");
   return out;
 }
 

@@ -6,13 +6,14 @@
 // What each rank holds (docs/distributed.md, "Sharding"):
 //   weights, bf16 cast cache     replicated: every rank runs the whole forward and backward
 //   gradients                    all trainable gradients (none, optimizer), or the owned share (gradients)
-//   reduction buffers            none / optimizer at world > 1: GradReducer's flat buckets, one more copy of the
-//                                trainable gradients, allocated once and kept
+//   reduction buffers            none kept: with none / optimizer the gradients become views of GradReducer's
+//                                all-reduce buckets (a bucket's worth exists twice while it is packed)
 //   AdamW moments                all (none), or the share: 2 per element in the parameter's dtype
 //   EMA                          all (none), or the share: float32, 1 per element
 // With dist.shard=gradients, gradients not owned by the rank exist only during backward, while their reductions are
 // in flight: at most the reduction window (2 × dist.bucket_size_mb) plus the gradient just produced, which is whole
-// until its pieces have been sent. That is a backward transient (in the peak), not state kept between steps.
+// until its pieces have been sent. With none / optimizer at world > 1, one bucket (or the largest parameter) is in
+// flight twice while it is packed. Those are backward transients (in the peak), not state kept between steps.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -37,7 +38,7 @@ struct RankMemory {
   int64_t weight_bytes = 0;     ///< every parameter in its storage dtype (replicated)
   int64_t cast_bytes = 0;       ///< bf16 copies of trainable layer weights (replicated; 0 unless bf16-mixed)
   int64_t grad_bytes = 0;       ///< gradients kept until the optimizer step
-  int64_t reducer_bytes = 0;    ///< GradReducer flat buckets (world > 1, shard none or optimizer)
+  int64_t reducer_bytes = 0;    ///< reduction buffers kept between steps (none: gradients are views of them)
   int64_t optimizer_bytes = 0;  ///< AdamW exp_avg + exp_avg_sq
   int64_t ema_bytes = 0;        ///< float32 EMA (0 when train.ema_decay is 0)
   /// dist.shard=gradients: bound on other ranks' gradient pieces alive during backward (0 otherwise).

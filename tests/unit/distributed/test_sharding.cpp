@@ -136,7 +136,10 @@ TEST_CASE("sharded gradients: each owner gets the average of its pieces, the oth
       }
       REQUIRE(got[r][k].defined());
       const auto want = expected[name].reshape({-1}).narrow(0, piece.begin, piece.numel());
-      CHECK(torch::allclose(got[r][k], want, 1e-6, 1e-7));
+      // Summed per micro-step over ranks, not per rank over micro-steps as `expected` is: float32 rounding of that
+      // other order, relative to the tensor's scale (an element-wise bound fails where terms cancel).
+      const double err = (got[r][k] - want).abs().max().item<double>();
+      CHECK(err <= 1e-6 * want.abs().max().item<double>() + 1e-12);
       expected_held += piece.numel() * static_cast<int64_t>(want.element_size());
     }
     CHECK(held[r] == expected_held);
