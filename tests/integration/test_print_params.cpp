@@ -21,20 +21,27 @@ TEST_CASE("pi0-train --print-params --world-size: per-rank plan as text and JSON
   testing::TempDir dir("pi0params");
   for (const std::string shard : {"none", "optimizer", "gradients"}) {
     INFO(shard);
-    const auto cfg = config::load_config(kConfig, {"dist.shard=" + shard});
+    // A global batch of 24 splits over 3 ranks (debug.yaml's 16 would not: see below).
+    const auto cfg = config::load_config(kConfig, {"dist.shard=" + shard, "train.batch_size=24"});
     const auto expected = train::rank_memory_json(train::plan_rank_memory(cfg, 3));
     const auto r = run_app_process(
-        "pi0-train", "--config " + kConfig + " --print-params --world-size 3 --json --set dist.shard=" + shard, dir);
+        "pi0-train", "--config " + kConfig + " --print-params --world-size 3 --json --set train.batch_size=24 --set dist.shard=" + shard,
+        dir);
     REQUIRE(r.code == 0);
     const auto j = nlohmann::json::parse(r.out);
     CHECK(j.at("per_rank") == expected);
     CHECK(j.at("micro_batch") == cfg.train.batch_size / 3 / cfg.train.grad_accum_steps);
     const auto text =
-        run_app_process("pi0-train", "--config " + kConfig + " --print-params --world-size 3 --set dist.shard=" + shard, dir);
+        run_app_process("pi0-train", "--config " + kConfig + " --print-params --world-size 3 --set train.batch_size=24 " +
+                        "--set dist.shard=" + shard, dir);
     REQUIRE(text.code == 0);
     CHECK_THAT(text.out, Contains("per rank (world size 3, dist.shard=" + shard));
     CHECK_THAT(text.out, Contains("predicted training peak per rank: "));
   }
+  // A split that training would refuse is refused when planning it too.
+  const auto uneven = run_app_process("pi0-train", "--config " + kConfig + " --print-params --world-size 3", dir);
+  CHECK(uneven.code == 2);
+  CHECK_THAT(uneven.err, Contains("train.batch_size must be divisible by world size (3)"));
   // Without the flag: the job this process was launched into.
   const auto launched = run_app_process("pi0-train", "--config " + kConfig + " --print-params --json", dir,
                                         "WORLD_SIZE=2 RANK=0 ");

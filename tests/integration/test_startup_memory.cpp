@@ -303,6 +303,13 @@ TEST_CASE("memory plan: the resident peak adds the runtime floor and loader batc
   // Two ranks: each loads its own 4 samples per batch.
   const auto ranks = plan_for({"train.batch_size=8", "data.num_workers=2"}, 2);
   CHECK(ranks.runtime_bytes - train::MemoryPlan::kRuntimeFloorBytes == 6 * 3 * image_bytes);
+  // Gradient accumulation: the loader builds micro-batches (8 / 2 = 4 samples).
+  const auto accumulating = plan_for({"train.batch_size=8", "data.num_workers=2", "train.grad_accum_steps=2"});
+  CHECK(accumulating.micro_batch == 4);
+  CHECK(accumulating.runtime_bytes - train::MemoryPlan::kRuntimeFloorBytes == 6 * 3 * image_bytes);
+  // A split training would refuse is refused by the plan too.
+  CHECK_THROWS_WITH(plan_for({"train.batch_size=32"}, 3),
+                    Catch::Contains("train.batch_size must be divisible by world size (3)"));
   // No workers: batches are built one at a time on the trainer's thread, nothing is queued.
   const auto inline_loader = plan_for({"train.batch_size=8", "data.num_workers=0"});
   CHECK(inline_loader.runtime_bytes - train::MemoryPlan::kRuntimeFloorBytes == 7 * image_bytes);

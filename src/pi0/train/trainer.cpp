@@ -123,10 +123,20 @@ ParamBreakdown planned_breakdown(const config::Config& cfg) {
   return b;
 }
 
+int64_t micro_batch_size(const config::TrainConfig& t, int64_t world_size) {
+  const int64_t per_step = world_size * t.grad_accum_steps;
+  if (per_step < 1 || t.batch_size % per_step != 0) {
+    throw UserError("train.batch_size must be divisible by world size (" + std::to_string(world_size) +
+                    ") × train.grad_accum_steps (" + std::to_string(t.grad_accum_steps) + ") (got " +
+                    std::to_string(t.batch_size) + ")");
+  }
+  return t.batch_size / per_step;
+}
+
 MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size) {
   MemoryPlan plan;
   plan.params = planned_breakdown(cfg);
-  plan.micro_batch = std::max<int64_t>(1, cfg.train.batch_size / std::max<int64_t>(1, world_size * cfg.train.grad_accum_steps));
+  plan.micro_batch = micro_batch_size(cfg.train, world_size);
   // Every camera slot goes through SigLIP, present or not (a missing camera is a masked black image).
   plan.num_cameras = static_cast<int64_t>(model::kCameraNames.size());
   plan.activations = model::activation_memory(model::options_from_config(cfg.model), plan.micro_batch,
@@ -134,7 +144,7 @@ MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size) {
                                               cfg.train.gradient_checkpointing);
   // The floor was measured with batches of one sample; larger batches add their queued and in-flight images
   // (without workers the loader builds one batch at a time on the trainer's thread).
-  const int64_t local_batch = std::max<int64_t>(1, cfg.train.batch_size / std::max<int64_t>(1, world_size));
+  const int64_t local_batch = plan.micro_batch;  // what the loader builds per next()
   const int64_t image_bytes = plan.num_cameras * 3 * cfg.model.image_size * cfg.model.image_size * 4;
   const int64_t batches_held = cfg.data.num_workers == 0 ? 1 : cfg.data.prefetch + cfg.data.num_workers;
   plan.runtime_bytes = MemoryPlan::kRuntimeFloorBytes + batches_held * (local_batch - 1) * image_bytes;
@@ -290,16 +300,7 @@ void Trainer::reject_checkpoint(const std::string& dir, const std::string& why) 
 
 Trainer::~Trainer() = default;
 
-int64_t Trainer::local_batch() const {
-  const auto& t = cfg_.train;
-  const int64_t per_step = options_.world_size * t.grad_accum_steps;
-  if (t.batch_size % per_step != 0) {
-    throw UserError("train.batch_size must be divisible by world size (" + std::to_string(options_.world_size) +
-                    ") × train.grad_accum_steps (" + std::to_string(t.grad_accum_steps) + ") (got " +
-                    std::to_string(t.batch_size) + ")");
-  }
-  return t.batch_size / per_step;
-}
+int64_t Trainer::local_batch() const { return micro_batch_size(cfg_.train, options_.world_size); }
 
 void Trainer::build_model() {
   const auto opts = model::options_from_config(cfg_.model);

@@ -99,7 +99,11 @@ struct MemoryPlan {
   }
   int64_t resident_peak_bytes() const { return peak_bytes() + runtime_bytes + allocator_slack_bytes; }
 };
+/// Planned for `world_size` ranks; UserError when the global batch does not split evenly (as training would).
 MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size = 1);
+/// Samples per rank per micro-step (what the loader builds per next()): train.batch_size / (world size ·
+/// train.grad_accum_steps). UserError naming both when it does not divide.
+int64_t micro_batch_size(const config::TrainConfig& t, int64_t world_size);
 
 class Trainer {
  public:
