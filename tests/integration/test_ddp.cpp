@@ -16,6 +16,8 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "pi0/io/manifest.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/io/sharded_state.h"
@@ -390,6 +392,17 @@ TEST_CASE("ddp: sharded optimizer state and gradients match one rank with the do
       CHECK(r0[2] == one[2]);
       CHECK(r1[2] == one[2]);
     }
+    // The plan of `--print-params --world-size 2` for the same settings names the largest rank's bytes: AdamW and
+    // EMA exactly; gradients as an upper bound (it counts every trainable parameter, also one the loss never reaches).
+    std::string cmd;
+    auto plan_args = train_args(dir.str("plan"), steps, with(mode));
+    for (const char* a : {"--print-params", "--world-size", "2", "--json"}) plan_args.emplace_back(a);
+    for (const auto& a : plan_args) cmd += "'" + a + "' ";
+    REQUIRE(std::system((cmd + "> " + dir.str("plan.json") + " 2> " + dir.str("plan.err")).c_str()) == 0);
+    const auto plan = nlohmann::json::parse(read_text(dir.str("plan.json"))).at("per_rank");
+    CHECK(plan.at("optimizer_bytes").get<int64_t>() == std::max(r0[0], r1[0]));
+    CHECK(plan.at("ema_bytes").get<int64_t>() == std::max(r0[1], r1[1]));
+    CHECK(plan.at("grad_bytes").get<int64_t>() >= std::max(r0[2], r1[2]));
   }
 }
 
