@@ -41,28 +41,57 @@ std::vector<torch::Tensor> ParameterShards::owned_grad_views() const {
   return out;
 }
 
-void ParameterShards::broadcast_updates(int64_t window_bytes) {
+void ParameterShards::broadcast_updates(int64_t bucket_bytes, int64_t window_bytes) {
   torch::NoGradGuard no_grad;
-  std::deque<std::pair<std::unique_ptr<PendingWork>, int64_t>> in_flight;
-  int64_t bytes = 0;
+  std::vector<int> kinds;
+  for (const auto& [name, p] : params_) kinds.push_back(static_cast<int>(p.scalar_type()));
   const auto& pieces = layout_.pieces();
-  for (size_t k = 0; k < pieces.size(); ++k) {
+  struct Sent {
+    size_t bucket;
+    torch::Tensor flat;
+    std::unique_ptr<PendingWork> work;
+  };
+  const auto buckets = layout_.buckets(bucket_bytes, kinds);
+  auto view_of = [&](size_t k) {
     const auto& piece = pieces[k];
-    const auto& p = params_[piece.param].second;
-    auto view = flat_range(p.data(), piece.begin, piece.end);
-    const int64_t nbytes = view.numel() * static_cast<int64_t>(view.element_size());
-    in_flight.emplace_back(pg_.broadcast_async(view, piece.owner, "broadcast of updated weights ('" +
-                                                                      params_[piece.param].first + "')"),
-                           nbytes);
+    return flat_range(params_[piece.param].second.data(), piece.begin, piece.end);
+  };
+  // Receivers copy each bucket out into their parameters once it has arrived.
+  auto unpack = [&](Sent& sent) {
+    sent.work->wait();
+    const auto& bucket = buckets[sent.bucket];
+    if (bucket.owner == pg_.rank()) return;
+    for (size_t j = 0; j < bucket.pieces.size(); ++j)
+      view_of(bucket.pieces[j]).copy_(sent.flat.narrow(0, bucket.offsets[j], pieces[bucket.pieces[j]].numel()));
+  };
+  std::deque<Sent> in_flight;
+  int64_t bytes = 0;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const auto& bucket = buckets[b];
+    const auto& first = params_[pieces[bucket.pieces.front()].param];
+    Sent sent{b, torch::Tensor(), nullptr};
+    if (bucket.pieces.size() == 1) {
+      sent.flat = view_of(bucket.pieces.front());  // one piece: straight from and into the parameter
+    } else {
+      sent.flat = torch::empty({bucket.numel}, first.second.options().requires_grad(false));
+      if (bucket.owner == pg_.rank()) {
+        for (size_t j = 0; j < bucket.pieces.size(); ++j)
+          sent.flat.narrow(0, bucket.offsets[j], pieces[bucket.pieces[j]].numel()).copy_(view_of(bucket.pieces[j]));
+      }
+    }
+    sent.work = pg_.broadcast_async(sent.flat, bucket.owner,
+                                    "broadcast of updated weights (bucket " + std::to_string(b) + " of " +
+                                        std::to_string(buckets.size()) + ", '" + first.first + "')");
+    const int64_t nbytes = sent.flat.numel() * static_cast<int64_t>(sent.flat.element_size());
+    in_flight.push_back(std::move(sent));
     bytes += nbytes;
-    // Bounded: on Gloo a bfloat16 piece travels through a float32 copy.
     while (bytes > window_bytes && in_flight.size() > 1) {
-      in_flight.front().first->wait();
-      bytes -= in_flight.front().second;
+      bytes -= in_flight.front().flat.numel() * static_cast<int64_t>(in_flight.front().flat.element_size());
+      unpack(in_flight.front());
       in_flight.pop_front();
     }
   }
-  for (auto& [work, n] : in_flight) work->wait();
+  for (auto& sent : in_flight) unpack(sent);
 }
 
 }  // namespace pi0::distributed

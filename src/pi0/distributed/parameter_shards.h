@@ -1,8 +1,7 @@
 // A rank's share of the trainable parameters under dist.shard (shard_layout.h says how elements are assigned):
 // 1-D views of the owned elements, which AdamW and the EMA update in place, and the broadcast that brings every
-// rank's updated elements to all the others after the optimizer step. The broadcast goes piece by piece, from
-// each piece's owner, straight into the parameters (no staging copy); it moves the bytes an all-gather of the
-// shards would. Why broadcasts and not an all-gather: shards differ in size by up to an element, and LibTorch
+// rank's updated elements to all the others after the optimizer step. The broadcast goes bucket by bucket from
+// each bucket's owner; it moves the bytes an all-gather of the shards would. Why broadcasts and not an all-gather: shards differ in size by up to an element, and LibTorch
 // 1.13's Gloo has neither uneven all-gathers nor reduce-scatter.
 #pragma once
 #include <cstdint>
@@ -31,8 +30,9 @@ class ParameterShards {
   /// Views of the owned elements of each parameter's .grad, aligned with owned(); undefined where .grad is
   /// (dist.shard=optimizer: the gradients were all-reduced in full).
   std::vector<torch::Tensor> owned_grad_views() const;
-  /// Every piece goes from its owner to all other ranks, in place; at most `window_bytes` in flight.
-  void broadcast_updates(int64_t window_bytes);
+  /// Every piece goes from its owner to all other ranks: pieces grouped into buckets of about `bucket_bytes`
+  /// (ShardLayout::buckets; a bucket of one piece is sent in place, without a copy); at most `window_bytes` in flight.
+  void broadcast_updates(int64_t bucket_bytes, int64_t window_bytes);
 
  private:
   ProcessGroup& pg_;

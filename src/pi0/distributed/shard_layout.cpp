@@ -24,7 +24,7 @@ const char* to_string(ShardMode mode) {
 
 ShardLayout::ShardLayout(const std::vector<int64_t>& numels, const std::vector<int64_t>& element_sizes,
                          int64_t world_size)
-    : world_size_(world_size), bytes_(static_cast<size_t>(std::max<int64_t>(world_size, 1)), 0) {
+    : element_sizes_(element_sizes), world_size_(world_size), bytes_(static_cast<size_t>(std::max<int64_t>(world_size, 1)), 0) {
   PI0_CHECK(world_size >= 1, "ShardLayout: world size ", world_size);
   PI0_CHECK(numels.size() == element_sizes.size(), "ShardLayout: sizes and element sizes differ in length");
   int64_t total = 0;
@@ -59,6 +59,30 @@ std::vector<Piece> ShardLayout::owned_by(int64_t rank) const {
   std::vector<Piece> out;
   for (const auto& p : pieces_)
     if (p.owner == rank) out.push_back(p);
+  return out;
+}
+
+std::vector<PieceBucket> ShardLayout::buckets(int64_t max_bytes, const std::vector<int>& kinds) const {
+  PI0_CHECK(kinds.size() == element_sizes_.size(), "ShardLayout::buckets: ", kinds.size(), " kinds for ",
+            element_sizes_.size(), " parameters");
+  std::vector<PieceBucket> out;
+  int64_t bytes = 0;
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const auto& p = pieces_[k];
+    const int64_t nbytes = p.numel() * element_sizes_[p.param];
+    const bool fits = !out.empty() && out.back().owner == p.owner &&
+                      kinds[pieces_[out.back().pieces.back()].param] == kinds[p.param] && bytes + nbytes <= max_bytes;
+    if (!fits) {
+      out.emplace_back();
+      out.back().owner = p.owner;
+      bytes = 0;
+    }
+    auto& b = out.back();
+    b.pieces.push_back(k);
+    b.offsets.push_back(b.numel);
+    b.numel += p.numel();
+    bytes += nbytes;
+  }
   return out;
 }
 

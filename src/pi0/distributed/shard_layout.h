@@ -37,6 +37,16 @@ struct Piece {
   }
 };
 
+/// Consecutive pieces (layout order) with one owner and one parameter dtype, packed into one flat buffer for one
+/// collective: what the sharded gradient reduction and the weight broadcast send, so a step issues a few large
+/// collectives instead of one per parameter piece.
+struct PieceBucket {
+  std::vector<size_t> pieces;    ///< indices into ShardLayout::pieces()
+  std::vector<int64_t> offsets;  ///< element offset of each piece in the flat buffer
+  int64_t numel = 0;
+  int64_t owner = 0;
+};
+
 class ShardLayout {
  public:
   /// `numels[i]`, `element_sizes[i]`: element count and bytes per element of parameter i (registration order).
@@ -50,8 +60,12 @@ class ShardLayout {
   /// Parameter bytes owned by `rank`, and the largest share (what per-rank memory plans must budget).
   int64_t bytes_of(int64_t rank) const { return bytes_.at(static_cast<size_t>(rank)); }
   int64_t max_bytes() const;
+  /// The pieces grouped into buckets of at most `max_bytes` (a larger piece gets a bucket of its own); pieces of
+  /// parameters whose `kinds` (e.g. dtype) differ never share one.
+  std::vector<PieceBucket> buckets(int64_t max_bytes, const std::vector<int>& kinds) const;
 
  private:
+  std::vector<int64_t> element_sizes_;
   int64_t world_size_;
   std::vector<Piece> pieces_;
   std::vector<int64_t> bytes_;

@@ -3,13 +3,15 @@
 // steps a rank holds gradients for its own share and, during backward, for what is still in flight.
 //
 // Per backward (every micro-step of gradient accumulation: accumulating whole gradients locally first would hold
-// them all, which is what this mode exists to avoid): when a parameter's gradient has been accumulated
-// (GradAccumulationHooks), the reductions of its pieces start, strictly in layout order so every rank issues the
-// same collectives in the same order, each a c10d reduce straight from the .grad storage to the owner; then
-// .grad is released. At most `window_bytes` of reductions stay in flight; completed ones are added into the
-// owner's float accumulators (one per owned piece). A parameter no rank used this backward sends nothing (all
-// ranks run the same graph); one accumulated again after its pieces left (re-entrant checkpointing) is reduced
-// again in wait(), which is exact because reductions add up.
+// them all, which is what this mode exists to avoid): pieces are grouped into buckets of one owner and one dtype
+// (ShardLayout::buckets, about dist.bucket_size_mb each). When the gradients of a bucket's parameters have been
+// accumulated (GradAccumulationHooks), its pieces are packed into a flat buffer and a c10d reduce to the owner
+// starts, strictly in bucket order so every rank issues the same collectives in the same order; a parameter's
+// .grad is released once all its pieces are packed. At most `window_bytes` of reductions stay in flight;
+// completed ones are added into the owner's accumulators (one per owned bucket). A parameter no rank used this
+// backward contributes zeros and stays without a gradient (all ranks run the same graph); one accumulated again
+// after its bucket left (re-entrant checkpointing) is reduced again in wait(), which is exact because reductions
+// add up.
 #pragma once
 #include <memory>
 #include <string>
@@ -26,9 +28,10 @@ namespace pi0::distributed {
 
 class ShardedGradReducer {
  public:
-  /// `params`: the trainable parameters in registration order (all on pg.device()); `layout`: their ShardLayout.
+  /// `params`: the trainable parameters in registration order (all on pg.device()); `layout`: their ShardLayout;
+  /// `bucket_bytes`: target bucket size (dist.bucket_size_mb · 2^20); `window_bytes`: reductions in flight.
   ShardedGradReducer(ProcessGroup& pg, std::vector<std::pair<std::string, torch::Tensor>> params,
-                     const ShardLayout& layout, int64_t window_bytes);
+                     const ShardLayout& layout, int64_t bucket_bytes, int64_t window_bytes);
   ~ShardedGradReducer();
   ShardedGradReducer(const ShardedGradReducer&) = delete;
   ShardedGradReducer& operator=(const ShardedGradReducer&) = delete;

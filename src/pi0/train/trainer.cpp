@@ -407,7 +407,7 @@ void Trainer::build_model() {
     const int64_t bucket_bytes = cfg_.dist.bucket_size_mb << 20;
     if (shard_mode_ == distributed::ShardMode::kGradients) {
       sharded_reducer_ = std::make_unique<distributed::ShardedGradReducer>(*pg_, trainable, shards_->layout(),
-                                                                           2 * bucket_bytes);
+                                                                           bucket_bytes, 2 * bucket_bytes);
       if (options_.rank == 0) spdlog::info("data parallel: {} ranks, gradients reduced to their owners (at most {} MB "
                                            "in flight), backend {}", options_.world_size, 2 * cfg_.dist.bucket_size_mb,
                                            pg_->backend_name());
@@ -662,7 +662,7 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   grads.clear();
   zero_grads();
   // Every rank's updated elements reach all ranks before the EMA (which reads only owned ones) and the next forward.
-  if (shards_) shards_->broadcast_updates(2 * (cfg_.dist.bucket_size_mb << 20));
+  if (shards_) shards_->broadcast_updates(cfg_.dist.bucket_size_mb << 20, 2 * (cfg_.dist.bucket_size_mb << 20));
   if (ema_) ema_->update();
   return result;
 }
