@@ -50,6 +50,7 @@ void ParameterShards::broadcast_updates(int64_t bucket_bytes, int64_t window_byt
     size_t bucket;
     torch::Tensor flat;
     std::unique_ptr<PendingWork> work;
+    int64_t bytes = 0;
   };
   const auto buckets = layout_.buckets(bucket_bytes, kinds);
   auto view_of = [&](size_t k) {
@@ -69,7 +70,7 @@ void ParameterShards::broadcast_updates(int64_t bucket_bytes, int64_t window_byt
   for (size_t b = 0; b < buckets.size(); ++b) {
     const auto& bucket = buckets[b];
     const auto& first = params_[pieces[bucket.pieces.front()].param];
-    Sent sent{b, torch::Tensor(), nullptr};
+    Sent sent{b, torch::Tensor(), nullptr, 0};
     if (bucket.pieces.size() == 1) {
       sent.flat = view_of(bucket.pieces.front());  // one piece: straight from and into the parameter
     } else {
@@ -82,11 +83,11 @@ void ParameterShards::broadcast_updates(int64_t bucket_bytes, int64_t window_byt
     sent.work = pg_.broadcast_async(sent.flat, bucket.owner,
                                     "broadcast of updated weights (bucket " + std::to_string(b) + " of " +
                                         std::to_string(buckets.size()) + ", '" + first.first + "')");
-    const int64_t nbytes = sent.flat.numel() * static_cast<int64_t>(sent.flat.element_size());
+    sent.bytes = static_cast<int64_t>(sent.flat.nbytes());
+    bytes += sent.bytes;
     in_flight.push_back(std::move(sent));
-    bytes += nbytes;
     while (bytes > window_bytes && in_flight.size() > 1) {
-      bytes -= in_flight.front().flat.numel() * static_cast<int64_t>(in_flight.front().flat.element_size());
+      bytes -= in_flight.front().bytes;
       unpack(in_flight.front());
       in_flight.pop_front();
     }

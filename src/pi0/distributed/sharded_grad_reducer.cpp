@@ -32,6 +32,7 @@ struct ShardedGradReducer::State {
   std::vector<int64_t> slot_of_bucket;         ///< bucket → index into accum, or -1 when another rank owns it
   std::vector<torch::Tensor> accum;            ///< owned buckets' sums over ranks
   std::vector<bool> seen, again, had_grad;     ///< per parameter: seen/again this backward, a gradient this step
+  std::vector<int64_t> piece_count;            ///< per parameter, its pieces in the layout
   std::vector<int64_t> unpacked;               ///< per parameter, pieces not yet packed this backward
   size_t next_launch = 0;                      ///< next bucket to launch
   std::deque<InFlight> in_flight;
@@ -169,8 +170,9 @@ ShardedGradReducer::ShardedGradReducer(ProcessGroup& pg, std::vector<std::pair<s
   }
   s.seen.assign(s.params.size(), false);
   s.again = s.had_grad = s.seen;
-  s.unpacked.assign(s.params.size(), 0);
-  for (const auto& piece : s.pieces) ++s.unpacked[piece.param];
+  s.piece_count.assign(s.params.size(), 0);
+  for (const auto& piece : s.pieces) ++s.piece_count[piece.param];
+  s.unpacked = s.piece_count;
   std::weak_ptr<State> weak = state_;
   s.hooks = std::make_unique<GradAccumulationHooks>(s.params, [weak](size_t i) {
     if (auto state = weak.lock()) state->on_grad_accumulated(i);
@@ -194,9 +196,7 @@ void ShardedGradReducer::wait() {
   for (size_t i = 0; i < s.params.size(); ++i) {
     if (!s.again[i]) continue;
     for (size_t b : s.buckets_of[i]) rerun[b] = true;
-    s.unpacked[i] = 0;
-    for (size_t b : s.buckets_of[i])
-      for (size_t k : s.buckets[b].pieces) s.unpacked[i] += s.pieces[k].param == i;
+    s.unpacked[i] = s.piece_count[i];  // its buckets hold all its pieces: released once they are packed again
   }
   for (size_t b = 0; b < s.buckets.size(); ++b) {
     if (!rerun[b]) continue;
@@ -211,8 +211,7 @@ void ShardedGradReducer::wait() {
   ++s.stats.steps;
   std::fill(s.seen.begin(), s.seen.end(), false);
   std::fill(s.again.begin(), s.again.end(), false);
-  for (size_t i = 0; i < s.params.size(); ++i) s.unpacked[i] = 0;
-  for (const auto& piece : s.pieces) ++s.unpacked[piece.param];
+  s.unpacked = s.piece_count;
   s.next_launch = 0;
   s.any_launched = false;
 }

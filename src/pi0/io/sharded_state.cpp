@@ -116,11 +116,6 @@ StateReader::~StateReader() = default;
 StateReader::StateReader(StateReader&&) noexcept = default;
 StateReader& StateReader::operator=(StateReader&&) noexcept = default;
 
-torch::ScalarType StateReader::dtype(const std::string& name) const {
-  const auto& s = stored_.at(name).front();
-  return opened_[s.file]->info(s.key).scalar_type;
-}
-
 std::string StateReader::describe() const {
   std::string out;
   for (const auto& f : files_) out += (out.empty() ? "" : ", ") + f;

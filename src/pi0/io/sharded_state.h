@@ -53,8 +53,6 @@ class StateReader {
 
   /// Every stored tensor's name and full element count.
   const std::map<std::string, int64_t>& numels() const { return numels_; }
-  /// Stored dtype of `name` (the first piece's).
-  torch::ScalarType dtype(const std::string& name) const;
   /// The files, for messages ("a, b").
   std::string describe() const;
 

@@ -44,8 +44,7 @@ std::map<std::string, torch::Tensor> Ema::state_dict() const {
   return state;
 }
 
-void Ema::load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source,
-                          const std::function<void(const std::string&, const torch::Tensor&)>& copy) {
+void Ema::load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source) {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& name = params_[i].first;
@@ -58,10 +57,7 @@ void Ema::load_state_dict(const std::map<std::string, torch::Tensor>& state, con
       throw UserError(os.str());
     }
   }
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (copy) copy(params_[i].first, averages_[i]);
-    else averages_[i].copy_(state.at(params_[i].first));
-  }
+  for (size_t i = 0; i < params_.size(); ++i) averages_[i].copy_(state.at(params_[i].first));
 }
 
 void Ema::copy_to(std::map<std::string, torch::Tensor>& weights) const {

@@ -7,7 +7,6 @@
 // parameters, which gives the same weights without a float32 copy of the frozen ones (the memory breakdown in
 // freeze.h assumes this choice). Anything missing from the EMA is exported from the live model.
 #pragma once
-#include <functional>
 #include <map>
 #include <string>
 
@@ -29,10 +28,8 @@ class Ema {
   /// name → float32 average (shallow; clone before mutating). Keys equal the parameter names.
   std::map<std::string, torch::Tensor> state_dict() const;
   /// Restores averages; every tracked name must be present with its shape (UserError naming `source` and key).
-  /// `copy(key, dst)` (when set) fills `dst` from the state's tensor `key` instead of dst.copy_(state[key]):
-  /// e.g. SafetensorsFile::read_into, so a resume streams from the mapped file with bounded memory.
-  void load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source = "EMA state",
-                       const std::function<void(const std::string&, const torch::Tensor&)>& copy = {});
+  /// (A resume streams checkpoint files into state_dict()'s tensors instead: io::StateReader.)
+  void load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source = "EMA state");
 
   /// Copies the averages into `weights` (e.g. model named parameters for export), each cast to the
   /// destination's dtype; names absent from `weights` or not tracked here are skipped.

@@ -109,12 +109,6 @@ void AdamW::step(double lr, const std::vector<torch::Tensor>& grads_in) {
   }
 }
 
-void AdamW::zero_grad() {
-  for (auto& [name, p] : params_) {
-    if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
-  }
-}
-
 std::map<std::string, torch::Tensor> AdamW::state_dict() const {
   std::map<std::string, torch::Tensor> state;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -125,8 +119,7 @@ std::map<std::string, torch::Tensor> AdamW::state_dict() const {
   return state;
 }
 
-void AdamW::load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source,
-                            const std::function<void(const std::string&, const torch::Tensor&)>& copy) {
+void AdamW::load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source) {
   auto find = [&](const std::string& key) -> const torch::Tensor& {
     auto it = state.find(key);
     if (it == state.end())
@@ -160,13 +153,8 @@ void AdamW::load_state_dict(const std::map<std::string, torch::Tensor>& state, c
   }
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (copy) {
-      copy(params_[i].first + ".exp_avg", exp_avg_[i]);
-      copy(params_[i].first + ".exp_avg_sq", exp_avg_sq_[i]);
-    } else {
-      exp_avg_[i].copy_(avg[i]);
-      exp_avg_sq_[i].copy_(avg_sq[i]);
-    }
+    exp_avg_[i].copy_(avg[i]);
+    exp_avg_sq_[i].copy_(avg_sq[i]);
   }
   step_ = step.to(torch::kLong).item<int64_t>();
 }

@@ -48,8 +48,6 @@ class AdamW {
   /// The same from explicit gradients, aligned with params() (undefined = no gradient this step): for sharded
   /// training, whose parameters are views of owned elements and whose gradients live elsewhere.
   void step(double lr, const std::vector<torch::Tensor>& grads);
-  /// Drops all gradients (set_to_none).
-  void zero_grad();
 
   /// Number of step() calls so far (also restored by load_state_dict and restore_step_count).
   int64_t step_count() const { return step_; }
@@ -65,11 +63,10 @@ class AdamW {
   std::map<std::string, torch::Tensor> state_dict() const;
   /// Restores what state_dict() produced. Every expected key must be present with the parameter's shape
   /// (UserError names `source` (e.g. the file) and the missing or mismatched key); unexpected keys are an error
-  /// too, since they mean the checkpoint was written for another set of trainable parameters.
-  /// `copy(key, dst)` (when set) fills `dst` from the state's tensor `key` instead of dst.copy_(state[key]):
-  /// e.g. SafetensorsFile::read_into, so a resume streams from the mapped file with bounded memory.
-  void load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source = "optimizer state",
-                       const std::function<void(const std::string&, const torch::Tensor&)>& copy = {});
+  /// too, since they mean the checkpoint was written for another set of trainable parameters. (A resume streams
+  /// checkpoint files into state_dict()'s tensors instead, io::StateReader, and restores the count with
+  /// restore_step_count.)
+  void load_state_dict(const std::map<std::string, torch::Tensor>& state, const std::string& source = "optimizer state");
 
  private:
   NamedTensors params_;

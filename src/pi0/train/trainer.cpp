@@ -390,14 +390,14 @@ void Trainer::build_model() {
   ao.beta2 = cfg_.train.adam_b2;
   ao.eps = cfg_.train.adam_eps;
   ao.weight_decay = cfg_.train.weight_decay;
-  shard_mode_ = distributed::parse_shard_mode(cfg_.dist.shard);
-  if (!pg_ && shard_mode_ != distributed::ShardMode::kNone) {
+  auto shard_mode = distributed::parse_shard_mode(cfg_.dist.shard);
+  if (!pg_ && shard_mode != distributed::ShardMode::kNone) {
     spdlog::info("dist.shard={}: nothing to partition in a single-process run", cfg_.dist.shard);
-    shard_mode_ = distributed::ShardMode::kNone;
+    shard_mode = distributed::ShardMode::kNone;
   }
   // What this rank's AdamW and EMA update: everything, or (sharded) views of the elements it owns.
   NamedTensors updated = trainable;
-  if (shard_mode_ != distributed::ShardMode::kNone) {
+  if (shard_mode != distributed::ShardMode::kNone) {
     shards_ = std::make_unique<distributed::ParameterShards>(*pg_, trainable);
     updated = shards_->owned_views();
   }
@@ -405,7 +405,7 @@ void Trainer::build_model() {
   if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(updated, cfg_.train.ema_decay);
   if (pg_) {
     const int64_t bucket_bytes = cfg_.dist.bucket_size_mb << 20;
-    if (shard_mode_ == distributed::ShardMode::kGradients) {
+    if (shard_mode == distributed::ShardMode::kGradients) {
       sharded_reducer_ = std::make_unique<distributed::ShardedGradReducer>(*pg_, trainable, shards_->layout(),
                                                                            bucket_bytes, 2 * bucket_bytes);
       if (options_.rank == 0) spdlog::info("data parallel: {} ranks, gradients reduced to their owners (at most {} MB "

@@ -173,7 +173,6 @@ class Trainer {
   std::unique_ptr<Ema> ema_;
   std::shared_ptr<distributed::ProcessGroup> pg_;      ///< null in single-process runs
   std::unique_ptr<distributed::GradReducer> reducer_;  ///< several ranks, dist.shard none or optimizer
-  distributed::ShardMode shard_mode_ = distributed::ShardMode::kNone;  ///< kNone in single-process runs
   /// This rank's share of the parameters when sharded: the optimizer and EMA hold only it.
   std::unique_ptr<distributed::ParameterShards> shards_;
   std::unique_ptr<distributed::ShardedGradReducer> sharded_reducer_;  ///< dist.shard=gradients
