@@ -24,11 +24,12 @@
 #include <vector>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/io/checksum.h"
 #include "pi0/io/manifest.h"
 #include "pi0/io/safetensors.h"
 
-namespace fs = std::filesystem;
+namespace fs = pi0::posix_fs;
 
 namespace {
 

@@ -24,12 +24,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pi0/common/fs.h"
 #include "pi0/config/config.h"
 #include "pi0/train/metrics.h"
 #include "pi0/train/rank_memory.h"
 
 extern char** environ;
-namespace fs = std::filesystem;
+namespace fs = pi0::posix_fs;
 
 namespace {
 

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "pi0/common/fs.h"
 #include "pi0/data/example_data.h"
 #include "pi0/data/loader.h"
 #include "pi0/data/tokenizer.h"
@@ -42,7 +43,7 @@ double process_cpu_seconds() {
 
 int main(int argc, char** argv) {
   int64_t batches = 20, batch_size = 16, repeats = 3, image_size = 224;
-  std::string dir = (std::filesystem::temp_directory_path() / "pi0_bench_loader").string();
+  std::string dir = (pi0::posix_fs::temp_directory_path() / "pi0_bench_loader").string();
   std::string tokenizer_path, train_json, format = "libero", data_root, augment_arg = "both";
   std::vector<int64_t> worker_counts = {1, 2};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
   auto dataset = std::make_shared<pi0::data::RobotDataset>(o);
   // Run from the repo root or build/ (or pass --tokenizer).
   for (const char* c : {"data/tokenizer/tiny_spm.model", "../data/tokenizer/tiny_spm.model"})
-    if (tokenizer_path.empty() && std::filesystem::exists(c)) tokenizer_path = c;
+    if (tokenizer_path.empty() && pi0::posix_fs::exists(c)) tokenizer_path = c;
   auto tokenizer = std::make_shared<const pi0::data::Tokenizer>(tokenizer_path);
   pi0::data::TransformOptions t;  // pi0: 224 images, action_dim 32, 48 tokens
   auto transform = std::make_shared<pi0::data::SampleTransform>(t, pi0::data::compute_norm_stats(*dataset), tokenizer);
@@ -141,6 +142,6 @@ int main(int argc, char** argv) {
                   ratio(true).c_str());
     }
   }
-  if (format != "lerobot") std::filesystem::remove_all(dir);
+  if (format != "lerobot") pi0::posix_fs::remove_all(dir);
   return 0;
 }

@@ -38,6 +38,7 @@
 #endif
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/common/threads.h"
 #include "pi0/config/config.h"
 #include "pi0/data/dataset.h"
@@ -51,7 +52,7 @@
 #include "pi0/train/trainer.h"
 
 using namespace pi0;
-namespace fs = std::filesystem;
+namespace fs = pi0::posix_fs;
 
 namespace {
 

@@ -10,6 +10,7 @@
 
 #include "pi0/app/cli.h"
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/common/threads.h"
 #include "pi0/io/bundle.h"
 #include "pi0/train/checkpoint_dir.h"
@@ -18,7 +19,7 @@ namespace {
 
 // A checkpoint directory as given, or the newest complete checkpoint of a run directory.
 std::string resolve_checkpoint(const std::string& path) {
-  namespace fs = std::filesystem;
+  namespace fs = pi0::posix_fs;
   if (!fs::is_directory(path)) throw pi0::UserError("--checkpoint: '" + path + "' is not a directory");
   if (fs::exists(fs::path(path) / pi0::train::kCompleteMarker)) return path;
   if (auto newest = pi0::train::newest_complete_checkpoint(path)) {

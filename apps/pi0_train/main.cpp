@@ -3,7 +3,7 @@
 // Data parallel: launch one process per GPU (or CPU rank) with torchrun --no-python or SLURM srun; the rank, world
 // size and rendezvous come from the environment (see docs/distributed.md).
 // Exit codes: 0 done (or stopped by SIGINT/SIGTERM: after saving, or before the first step with nothing to save),
-// 2 bad input, 3 training diverged, 1 internal, 4 distributed failure (a peer rank died or hung, rendezvous failed).
+// 2 bad input, 3 training diverged or out of memory, 1 internal, 4 distributed failure (a peer rank died or hung, rendezvous failed).
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/app/cli.h"
+#include "pi0/app/out_of_memory.h"
 #include "pi0/common/check.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/common/logging.h"
@@ -90,6 +91,24 @@ int print_params(const pi0::config::Config& cfg, const Args& args) {
   return 0;
 }
 
+// What an out-of-memory error will report (app/out_of_memory.h): the plan --print-params prints for this job.
+void remember_memory_plan(const pi0::config::Config& cfg, int64_t world_size) {
+  pi0::app::OutOfMemoryContext c;
+  c.world_size = world_size;
+  c.grad_accum_steps = cfg.train.grad_accum_steps;
+  c.gradient_checkpointing = cfg.train.gradient_checkpointing;
+  c.freeze = cfg.train.freeze;
+  c.shard = cfg.dist.shard;
+  try {
+    const auto plan = pi0::train::plan_memory(cfg, world_size);
+    c.micro_batch = plan.micro_batch;
+    c.predicted_peak_bytes = pi0::train::plan_rank_memory(cfg, world_size).peak_bytes(plan.activations);
+  } catch (const std::exception&) {
+    // A config the plan refuses is refused by the trainer too, with the same message: the context stays partial.
+  }
+  pi0::app::set_out_of_memory_context(c);
+}
+
 int train_main(int argc, char** argv) {
   Args args;
   auto cli = pi0::app::make_parser("pi0-train", "Fine-tunes pi0 / pi0.5 from a YAML config (docs/config.md).");
@@ -106,7 +125,7 @@ int train_main(int argc, char** argv) {
       ->needs(print);
   cli->add_flag("--config-reference", args.reference, "print every config key with its default (markdown) and exit");
   cli->footer("Exit codes: 0 done (or stopped by SIGINT/SIGTERM), 1 internal error, 2 bad input (one line on stderr "
-              "naming the flag, key or file), 3 training diverged, 4 distributed failure.");
+              "naming the flag, key or file), 3 training diverged or out of memory, 4 distributed failure.");
   if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
   if (args.reference) {
     std::cout << "| key | default | meaning |\n|---|---|---|\n";
@@ -124,6 +143,7 @@ int train_main(int argc, char** argv) {
   run.rank = env.rank;
   run.world_size = env.world_size;
   pi0::set_log_rank(static_cast<int>(run.rank));
+  remember_memory_plan(cfg, run.world_size);
   if (env.distributed()) {
     if (cfg.train.device == "cuda") cfg.train.device = "cuda:" + std::to_string(env.local_rank);  // one GPU per rank
     spdlog::info("rank {} of {} (local rank {}, launcher {}), device {}, rendezvous {}:{}", env.rank,

@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include "pi0/common/fs.h"
 #include "pi0/model/observation.h"
 #include "pi0/model/pi0.h"
 
@@ -57,12 +58,12 @@ class TempDir {
  public:
   explicit TempDir(const std::string& tag = "pi0test") {
     std::random_device rd;
-    path_ = std::filesystem::temp_directory_path() / (tag + "_" + std::to_string(rd()) + std::to_string(rd()));
-    std::filesystem::create_directories(path_);
+    path_ = pi0::posix_fs::temp_directory_path() / (tag + "_" + std::to_string(rd()) + std::to_string(rd()));
+    pi0::posix_fs::create_directories(path_);
   }
   ~TempDir() {
     std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    pi0::posix_fs::remove_all(path_, ec);
   }
   const std::filesystem::path& path() const { return path_; }
   std::string str(const std::string& child = "") const { return child.empty() ? path_.string() : (path_ / child).string(); }

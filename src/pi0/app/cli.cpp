@@ -2,10 +2,10 @@
 
 #include <torch/version.h>
 
-#include <filesystem>
 #include <iostream>
 #include <system_error>
 
+#include "pi0/app/out_of_memory.h"
 #include "pi0/common/check.h"
 #include "pi0/distributed/process_group.h"
 #include "pi0/train/trainer.h"
@@ -181,10 +181,14 @@ int run_app(const std::string& program, const std::function<int()>& main_fn) {
     return report("training stopped", e.what(), kExitDiverged);
   } catch (const distributed::DistError& e) {
     return report("distributed failure", e.what(), kExitDistributed);
-  } catch (const std::filesystem::filesystem_error& e) {
+  } catch (const std::system_error& e) {
+    // std::filesystem_error (a std::system_error) and pi0::posix_fs's errors alike.
     const auto what = strip_prefix(e.what(), "filesystem error: ");
     if (caused_by_user_path(e.code())) return report("error", what, kExitUserError);
     return report("internal error", what, kExitInternal);
+  } catch (const c10::OutOfMemoryError& e) {
+    return report("out of memory", out_of_memory_message(e.what_without_backtrace(), out_of_memory_context()),
+                  kExitOutOfMemory);
   } catch (const c10::Error& e) {
     return report("internal error", e.what_without_backtrace(), kExitInternal);
   } catch (const std::exception& e) {

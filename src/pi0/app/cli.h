@@ -22,6 +22,7 @@ enum ExitCode : int {
   kExitInternal = 1,     ///< a bug: "<program>: internal error: ..."
   kExitUserError = 2,    ///< bad flag, config key, path or input file: "<program>: error: ..." naming it
   kExitDiverged = 3,     ///< pi0-train: non-finite loss or gradient norm (train::TrainingError)
+  kExitOutOfMemory = 3,  ///< a device ran out of memory: "<program>: out of memory: ..." (app/out_of_memory.h)
   kExitDistributed = 4,  ///< pi0-train: a peer rank died or hung, rendezvous failed (distributed::DistError)
 };
 
@@ -54,7 +55,8 @@ c10::Device parse_device(const std::string& flag, const std::string& value);
 
 /// Runs main_fn and returns its exit code; what it throws becomes one line on stderr prefixed with `program` and
 /// an exit code: pi0::UserError, CLI parse errors and file-system errors on user paths (permission denied, not
-/// a directory, ...) → 2 "error: ..."; train::TrainingError → 3; distributed::DistError → 4; anything else → 1
+/// a directory, ...) → 2 "error: ..."; train::TrainingError → 3; c10::OutOfMemoryError → 3 "out of memory: ..."
+/// (out_of_memory_message: the plan, the GPU's total, the levers); distributed::DistError → 4; anything else → 1
 /// "internal error: ..." (without a C++ stack trace).
 int run_app(const std::string& program, const std::function<int()>& main_fn);
 

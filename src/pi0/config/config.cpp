@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/common/strings.h"
 
 namespace pi0::config {
@@ -350,8 +351,8 @@ Config parse_config(const YAML::Node& input, const std::string& source, const st
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) throw UserError("config file '" + path + "' does not exist");
-  if (std::filesystem::is_directory(path, ec)) {
+  if (!pi0::posix_fs::exists(path, ec)) throw UserError("config file '" + path + "' does not exist");
+  if (pi0::posix_fs::is_directory(path, ec)) {
     throw UserError("config file '" + path + "' is a directory; expected a YAML file (e.g. configs/debug.yaml)");
   }
   std::ifstream f(path);

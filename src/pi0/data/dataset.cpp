@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/common/log_line.h"
 #include "pi0/common/strings.h"
 #include "pi0/data/aloha.h"
@@ -21,7 +22,7 @@
 #include "pi0/model/observation.h"
 
 namespace pi0::data {
-namespace fs = std::filesystem;
+namespace fs = pi0::posix_fs;
 
 DatasetOptions DatasetOptions::resolved() const {
   DatasetOptions o = *this;

@@ -11,13 +11,14 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/data/dataset.h"
 #include "pi0/data/parquet.h"
 #include "pi0/data/png.h"
 #include "pi0/data/video.h"
 
 namespace pi0::data {
-namespace fs = std::filesystem;
+namespace fs = pi0::posix_fs;
 
 int64_t LeRobotFeature::numel() const {
   int64_t n = 1;

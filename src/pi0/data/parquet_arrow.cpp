@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 
+#include "pi0/common/fs.h"
 #include "pi0/data/parquet.h"
 
 namespace pi0::data::parquet {
@@ -19,7 +20,7 @@ namespace {
 [[noreturn]] void fail(const std::string& message) { throw_parquet_error(message); }
 
 std::unique_ptr<::parquet::arrow::FileReader> open_reader(const std::string& path) {
-  if (!std::filesystem::exists(path)) fail(path + ": parquet file not found");
+  if (!pi0::posix_fs::exists(path)) fail(path + ": parquet file not found");
   try {
     auto file = ::arrow::io::ReadableFile::Open(path);
     if (!file.ok()) fail(path + ": cannot open (" + file.status().ToString() + ")");

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/data/aloha.h"
 #include "pi0/data/observation_file.h"
 #include "pi0/data/tokenizer.h"
@@ -22,7 +23,7 @@
 #include "pi0/train/checkpoint_dir.h"
 #include "pi0/train/data_setup.h"
 
-namespace fs = std::filesystem;
+namespace fs = pi0::posix_fs;
 
 namespace pi0::io {
 namespace {

@@ -16,10 +16,11 @@
 #include <nlohmann/json.hpp>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/train/checkpoint_dir.h"
 
-namespace fs = std::filesystem;
+namespace fs = pi0::posix_fs;
 
 namespace pi0::io {
 namespace {

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/model/param_layout.h"
@@ -274,7 +275,7 @@ int64_t adopt_file_dtypes(model::Pi0Impl& model, const std::string& path,
 }
 
 BaseWeightsRef make_base_ref(const std::string& path) {
-  namespace fs = std::filesystem;
+  namespace fs = pi0::posix_fs;
   BaseWeightsRef ref;
   ref.path = fs::absolute(path).lexically_normal().string();
   std::error_code ec;
@@ -285,7 +286,7 @@ BaseWeightsRef make_base_ref(const std::string& path) {
 }
 
 void write_base_ref(const std::string& checkpoint_dir, const BaseWeightsRef& ref) {
-  namespace fs = std::filesystem;
+  namespace fs = pi0::posix_fs;
   const nlohmann::json j = {{"path", ref.path}, {"size", ref.size}, {"checksum", ref.checksum},
                             {"checksum_algorithm", kChecksumAlgorithm},
                             {"frozen_dtype", ref.frozen_dtype}};
@@ -300,7 +301,7 @@ void write_base_ref(const std::string& checkpoint_dir, const BaseWeightsRef& ref
 }
 
 std::optional<BaseWeightsRef> read_base_ref(const std::string& checkpoint_dir) {
-  namespace fs = std::filesystem;
+  namespace fs = pi0::posix_fs;
   const auto path = fs::path(checkpoint_dir) / kBaseRefFile;
   if (!fs::exists(path)) return std::nullopt;
   std::ifstream in(path);
@@ -324,7 +325,7 @@ std::optional<BaseWeightsRef> read_base_ref(const std::string& checkpoint_dir) {
 std::string load_checkpoint_weights(model::Pi0Impl& model, const std::string& checkpoint_dir,
                                     const std::string& base_override, const std::string& override_hint,
                                     bool reinit_mismatched_projections, bool exact_dtypes) {
-  namespace fs = std::filesystem;
+  namespace fs = pi0::posix_fs;
   const auto model_file = (fs::path(checkpoint_dir) / "model.safetensors").string();
   const auto ref = read_base_ref(checkpoint_dir);
   if (!ref) {

@@ -7,10 +7,11 @@
 #include <nlohmann/json.hpp>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/io/safetensors.h"
 
 namespace pi0::io {
-namespace fs = std::filesystem;
+namespace fs = pi0::posix_fs;
 
 namespace {
 constexpr const char* kPiecesKey = "pieces";

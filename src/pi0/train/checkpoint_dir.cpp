@@ -12,8 +12,9 @@
 #include <fstream>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 
-namespace fs = std::filesystem;
+namespace fs = pi0::posix_fs;
 
 namespace pi0::train {
 
@@ -60,8 +61,12 @@ void rename_or_throw(const fs::path& from, const fs::path& to) {
 
 void remove_checkpoint(const fs::path& dir) {
   std::error_code ec;
-  fs::remove(dir / kCompleteMarker, ec);
-  if (!ec) fsync_path(dir, true);
+  // A checkpoint that is a link (to a copy kept elsewhere) loses only the link: nothing it points to is touched.
+  if (!fs::is_symlink(dir)) {
+    // The marker goes first (and reaches the disk), so a crash mid-deletion leaves an incomplete checkpoint.
+    fs::remove(dir / kCompleteMarker, ec);
+    if (!ec) fsync_path(dir, true);
+  }
   fs::remove_all(dir, ec);
   if (ec) throw UserError("cannot delete checkpoint '" + dir.string() + "': " + ec.message());
 }

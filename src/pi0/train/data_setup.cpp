@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/data/tokenizer.h"
 
 namespace pi0::train {
@@ -37,7 +38,7 @@ data::NormStats load_config_norm_stats(const config::Config& cfg) {
   if (cfg.data.norm_stats.empty()) {
     throw UserError("data.norm_stats is not set: compute it with pi0-norm-stats --config <run.yaml> and set the path");
   }
-  if (!std::filesystem::exists(cfg.data.norm_stats)) {
+  if (!pi0::posix_fs::exists(cfg.data.norm_stats)) {
     throw UserError("data.norm_stats: file '" + cfg.data.norm_stats +
                     "' does not exist (compute it with pi0-norm-stats --config <run.yaml>)");
   }
@@ -47,7 +48,7 @@ data::NormStats load_config_norm_stats(const config::Config& cfg) {
 DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, int64_t rank, int64_t world_size,
                                 data::LoaderPosition start) {
   if (cfg.data.tokenizer.empty()) throw UserError("data.tokenizer is not set: name a sentencepiece model file");
-  if (!std::filesystem::exists(cfg.data.tokenizer)) {
+  if (!pi0::posix_fs::exists(cfg.data.tokenizer)) {
     throw UserError("data.tokenizer: file '" + cfg.data.tokenizer + "' does not exist (expected a sentencepiece model)");
   }
   DataPipeline p;

@@ -3,11 +3,12 @@
 #include <filesystem>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 
 namespace pi0::train {
 
 MetricsWriter::MetricsWriter(const std::string& path, int64_t drop_from_step) : path_(path) {
-  namespace fs = std::filesystem;
+  namespace fs = pi0::posix_fs;
   const fs::path p(path);
   std::error_code ec;
   if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/distributed/consistency.h"
 #include "pi0/io/manifest.h"
@@ -46,7 +47,7 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 }  // namespace
-namespace fs = std::filesystem;
+namespace fs = pi0::posix_fs;
 
 namespace {
 

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include "pi0/common/fs.h"
 #include "pi0/data/tokenizer.h"
 
 namespace pi0::test {
@@ -16,12 +17,12 @@ class TempDir {
  public:
   TempDir() {
     static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
+    path_ = pi0::posix_fs::temp_directory_path() /
             ("pi0_data_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
+    pi0::posix_fs::remove_all(path_);
+    pi0::posix_fs::create_directories(path_);
   }
-  ~TempDir() { std::filesystem::remove_all(path_); }
+  ~TempDir() { pi0::posix_fs::remove_all(path_); }
   std::string str() const { return path_.string(); }
   std::string file(const std::string& name) const { return (path_ / name).string(); }
 

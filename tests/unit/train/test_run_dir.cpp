@@ -103,6 +103,26 @@ TEST_CASE("pruning keeps the newest keep_last and every keep_period multiple", "
   CHECK(complete_checkpoints(run) == std::vector<int64_t>{7000});
 }
 
+TEST_CASE("pruning a symlinked checkpoint removes the link, never what it points to", "[unit][train]") {
+  testing::TempDir dir("pi0ckpt");
+  const auto run = dir.str("run");
+  // Step 5 lives elsewhere (a copy kept on another disk) and is linked into the run's checkpoints.
+  save(dir.str("other"), 5, "kept");
+  const auto target = fs::path(dir.str("other")) / "checkpoints" / "5";
+  fs::create_directories(fs::path(run) / "checkpoints");
+  fs::create_directory_symlink(target, fs::path(run) / "checkpoints" / "5");
+  for (int64_t s : {10, 20}) save(run, s, "x");
+  CHECK(complete_checkpoints(run) == std::vector<int64_t>{5, 10, 20});
+  CHECK(prune_checkpoints(run, 1, 0) == std::vector<int64_t>{5, 10});
+  CHECK_FALSE(fs::exists(fs::path(run) / "checkpoints" / "5"));
+  CHECK_FALSE(fs::is_symlink(fs::path(run) / "checkpoints" / "5"));
+  // The copy is whole: its marker, its weights and its assets.
+  CHECK(fs::is_regular_file(target / kCompleteMarker));
+  CHECK(read_file(target / "model.safetensors") == "kept");
+  CHECK(fs::is_regular_file(target / "assets" / "norm_stats.json"));
+  CHECK(complete_checkpoints(dir.str("other")) == std::vector<int64_t>{5});
+}
+
 TEST_CASE("pruning never deletes or counts checkpoints that failed verification and keeps the newest verified",
           "[unit][train]") {
   testing::TempDir dir("pi0ckpt");
