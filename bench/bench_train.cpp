@@ -3,9 +3,14 @@
 //   bench_train [--config configs/bench_cpu.yaml] [--steps N] [--warmup W] [--batches 4,8]
 //               [--precisions float32,bf16-mixed] [--workers 2] [--no-augment] [--threads T]
 //               [--json out.json] [--dir DIR] [--tokenizer PATH] [--device cuda] [--peak-tflops 989]
-//               [--freeze PRESET] [--checkpointing-modes 0,1]
+//               [--freeze PRESET] [--checkpointing-modes 0,1] [--save-checkpoint]
 // GPU mode (--device cuda): the same rows on the GPU; peak memory is then the CUDA caching allocator's peak
 // allocation, and --peak-tflops (the device's dense bf16 peak, 989 for an H100 SXM) adds model FLOPs utilization.
+// Rows are independent: a configuration that runs out of memory is tried once more at half the batch, and the row
+// says "out of memory at batch N" (with the allocator's peak at that point) if that does not fit either; a child
+// that fails otherwise is reported in its row and the other rows still run (exit status 1 at the end). No child
+// writes a checkpoint after its last step unless --save-checkpoint (a full-size one is ~50 GB); each child removes
+// its run directory, and the parent removes a dead child's.
 // The parent writes a LIBERO-layout example dataset with 224×224 frames (2 cameras) and its norm stats into DIR,
 // then runs every configuration in a fresh child process (fork + exec of this binary with --child), so one
 // configuration's allocator state and peak RSS never leak into the next. The child builds a Trainer from the config
@@ -72,6 +77,7 @@ struct Args {
   double peak_tflops = 0;  ///< > 0: report MFU against this peak
   std::string freeze;      ///< non-empty: train.freeze preset for every row (e.g. lora, action-expert-only)
   std::string checkpointing_modes = "0,1";  ///< gradient checkpointing rows: off (0), on (1)
+  bool save_checkpoint = false;  ///< the trainer's checkpoint after the last step (not timed; off: nothing to clean)
   // child mode
   bool child = false;
   std::string precision = "float32";
@@ -114,6 +120,7 @@ Args parse_args(int argc, char** argv) {
     else if (k == "--peak-tflops") a.peak_tflops = std::stod(value(i));
     else if (k == "--freeze") a.freeze = value(i);
     else if (k == "--checkpointing-modes") a.checkpointing_modes = value(i);
+    else if (k == "--save-checkpoint") a.save_checkpoint = true;
     else if (k == "--precision") a.precision = value(i);
     else if (k == "--checkpointing") a.checkpointing = value(i) == "1";
     else if (k == "--batch") a.batch = std::stoll(value(i));
@@ -179,7 +186,22 @@ Timing summarize(std::vector<double> v) {
   return t;
 }
 
-/// Child: one configuration, result as JSON in a.out.
+/// The CUDA caching allocator's peak allocation on a.device in MiB (-1 on the CPU or without CUDA).
+double peak_gpu_mib(const Args& a) {
+#ifdef PI0_WITH_CUDA
+  const torch::Device d(a.device);
+  if (d.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(d.has_index() ? d.index() : 0);
+    return static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024.0);  // [0] = aggregate
+  }
+#endif
+  (void)a;
+  return -1;
+}
+
+constexpr int kChildOutOfMemory = 3;  ///< the child's exit status when the configuration does not fit
+
+/// Child: one configuration, result as JSON in a.out. Out of memory: {"status": "out of memory", ...}, exit 3.
 int run_child(const Args& a) {
   spdlog::set_level(spdlog::level::warn);
   pi0::set_num_threads(a.threads);  // ATen, OpenMP and the BLAS alike
@@ -188,30 +210,46 @@ int run_child(const Args& a) {
   fs::remove_all(run_dir);
   cfg.checkpoint.run_dir = run_dir.string();
   double base_mib = 0;
-  {
-    train::Trainer trainer(cfg);
+  try {
+    train::RunOptions options;
+    options.final_checkpoint = a.save_checkpoint;
+    train::Trainer trainer(cfg, options);
     base_mib = proc_status_mib("VmRSS");
     trainer.run();
+  } catch (const c10::OutOfMemoryError& e) {
+    const nlohmann::json out = {{"status", "out of memory"},
+                                {"precision", a.precision},
+                                {"gradient_checkpointing", a.checkpointing},
+                                {"batch", cfg.train.batch_size},
+                                {"peak_gpu_mib", peak_gpu_mib(a)},
+                                {"rss_peak_mib", proc_status_mib("VmHWM")},
+                                {"message", std::string(e.what_without_backtrace()).substr(0, 300)}};
+    std::ofstream(a.out) << out.dump(2) << "\n";
+    fs::remove_all(run_dir);
+    return kChildOutOfMemory;
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(run_dir, ec);
+    throw;
   }
   double peak_mib = proc_status_mib("VmHWM");
-#ifdef PI0_WITH_CUDA
-  if (torch::Device(a.device).is_cuda()) {
-    const auto idx = torch::Device(a.device).has_index() ? torch::Device(a.device).index() : 0;
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(idx);
-    peak_mib = static_cast<double>(stats.allocated_bytes[0].peak) / (1024.0 * 1024.0);  // [0] = aggregate
+  const double gpu_mib = peak_gpu_mib(a);
+  if (gpu_mib >= 0) {
+    peak_mib = gpu_mib;
     base_mib = 0;
   }
-#endif
   std::vector<double> step_s, cpu_s;
   for (const auto& r : train::read_metrics((run_dir / "metrics.jsonl").string())) {
     if (r.at("step").get<int64_t>() <= a.warmup) continue;
     step_s.push_back(r.at("step_time_s").get<double>());
     cpu_s.push_back(r.at("step_cpu_s").get<double>());
   }
+  fs::remove_all(run_dir);
   PI0_CHECK(static_cast<int>(step_s.size()) == a.steps, "expected ", a.steps, " timed steps in metrics.jsonl, got ",
             step_s.size());
   const auto t = summarize(step_s), cpu = summarize(cpu_s);
-  nlohmann::json out = {{"precision", a.precision},
+  nlohmann::json out = {{"status", "ok"},
+                        {"precision", a.precision},
                         {"gradient_checkpointing", a.checkpointing},
                         {"batch", cfg.train.batch_size},
                         {"step_s", step_s},
@@ -224,14 +262,15 @@ int run_child(const Args& a) {
                         {"rss_base_mib", base_mib},
                         {"rss_peak_mib", peak_mib},
                         {"rss_train_mib", peak_mib - base_mib},
+                        {"peak_gpu_mib", gpu_mib},
                         {"torch_threads", at::get_num_threads()},
                         {"blas_threads", pi0::thread_counts().blas}};
   std::ofstream(a.out) << out.dump(2) << "\n";
-  fs::remove_all(run_dir);
   return 0;
 }
 
-/// Parent: runs one configuration in a fresh process and returns its result.
+/// Parent: runs one configuration in a fresh process and returns its result: the child's JSON ("status" ok or
+/// "out of memory"), or {"status": "failed (...)"} if it died or wrote nothing. Never throws for a child's failure.
 nlohmann::json spawn_child(const Args& a, const std::string& precision, bool checkpointing, int64_t batch) {
   const std::string out = (fs::path(a.dir) / "child_result.json").string();
   fs::remove(out);
@@ -242,6 +281,7 @@ nlohmann::json spawn_child(const Args& a, const std::string& precision, bool che
                                    "--batch", std::to_string(batch), "--out", out, "--device", a.device};
   if (!a.freeze.empty()) args.insert(args.end(), {"--freeze", a.freeze});
   if (!a.augment) args.push_back("--no-augment");
+  if (a.save_checkpoint) args.push_back("--save-checkpoint");
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -255,12 +295,18 @@ nlohmann::json spawn_child(const Args& a, const std::string& precision, bool che
   }
   int status = 0;
   ::waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !fs::exists(out)) {
-    throw std::runtime_error("child for precision " + precision + ", checkpointing " + (checkpointing ? "on" : "off") +
-                             ", batch " + std::to_string(batch) + " failed (status " + std::to_string(status) + ")");
+  // A child killed mid-run (a signal, the OOM killer) leaves its run directory: it is removed here.
+  std::error_code ec;
+  fs::remove_all(fs::path(a.dir) / ("run_" + std::to_string(pid)), ec);
+  const bool exited = WIFEXITED(status);
+  const int code = exited ? WEXITSTATUS(status) : -1;
+  if (exited && (code == 0 || code == kChildOutOfMemory) && fs::exists(out)) {
+    std::ifstream f(out);
+    return nlohmann::json::parse(f);
   }
-  std::ifstream f(out);
-  return nlohmann::json::parse(f);
+  const std::string why = exited ? "exit " + std::to_string(code) : "signal " + std::to_string(WTERMSIG(status));
+  return {{"status", "failed (" + why + ")"}, {"precision", precision}, {"gradient_checkpointing", checkpointing},
+          {"batch", batch}};
 }
 
 std::string fmt(const char* f, double v) {
@@ -306,22 +352,47 @@ int run_parent(Args a) {
               "| samples/s (best) | %s | base MiB | train MiB | MFU |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
               gpu ? "peak GPU alloc MiB" : "peak RSS MiB");
   nlohmann::json rows = nlohmann::json::array();
+  bool any_failed = false;
   for (const int64_t batch : a.batches) {
     for (const auto& precision : a.precisions) {
       for (const bool ckpt : {false, true}) {
         const auto modes = split(a.checkpointing_modes);
         if (std::find(modes.begin(), modes.end(), ckpt ? "1" : "0") == modes.end()) continue;
         auto r = spawn_child(a, precision, ckpt, batch);
-        // Model FLOPs (recomputation not counted) per second over the device's peak.
-        const double step_flops = static_cast<double>(model::training_step_flops(mopts, batch, 3));
-        r["mfu"] = a.peak_tflops > 0 ? step_flops / r["step_s_median"].get<double>() / (a.peak_tflops * 1e12) : 0.0;
-        std::printf("| %s | %s | %lld | %.3f | %.3f | %.3f | %.2f | %.2f | %.0f | %.0f | %.0f | %s |\n",
-                    precision.c_str(), ckpt ? "on" : "off", static_cast<long long>(batch),
-                    r["step_s_median"].get<double>(), r["step_s_best"].get<double>(),
-                    r["step_cpu_s_median"].get<double>(), r["samples_per_s_median"].get<double>(),
-                    r["samples_per_s_best"].get<double>(), r["rss_peak_mib"].get<double>(),
-                    r["rss_base_mib"].get<double>(), r["rss_train_mib"].get<double>(),
-                    a.peak_tflops > 0 ? (fmt("%.1f", 100 * r["mfu"].get<double>()) + " %").c_str() : "-");
+        // Does not fit: once more at the next smaller batch (half), so the row still says what does fit.
+        std::vector<int64_t> oom_batches;
+        while (r["status"] == "out of memory" && oom_batches.size() < 2) {
+          oom_batches.push_back(r["batch"].get<int64_t>());
+          if (oom_batches.size() == 2 || batch / 2 < 1) break;
+          r = spawn_child(a, precision, ckpt, batch / 2);
+        }
+        r["batch_requested"] = batch;
+        r["out_of_memory_at_batches"] = oom_batches;
+        const std::string status = r["status"].get<std::string>();
+        const int64_t b = r["batch"].get<int64_t>();
+        const std::string note =
+            oom_batches.empty() ? "" : " (out of memory at batch " + std::to_string(oom_batches.front()) + ")";
+        if (status == "ok") {
+          // Model FLOPs (recomputation not counted) per second over the device's peak.
+          const double step_flops = static_cast<double>(model::training_step_flops(mopts, b, 3));
+          r["mfu"] = a.peak_tflops > 0 ? step_flops / r["step_s_median"].get<double>() / (a.peak_tflops * 1e12) : 0.0;
+          std::printf("| %s | %s | %lld%s | %.3f | %.3f | %.3f | %.2f | %.2f | %.0f | %.0f | %.0f | %s |\n",
+                      precision.c_str(), ckpt ? "on" : "off", static_cast<long long>(b), note.c_str(),
+                      r["step_s_median"].get<double>(), r["step_s_best"].get<double>(),
+                      r["step_cpu_s_median"].get<double>(), r["samples_per_s_median"].get<double>(),
+                      r["samples_per_s_best"].get<double>(), r["rss_peak_mib"].get<double>(),
+                      r["rss_base_mib"].get<double>(), r["rss_train_mib"].get<double>(),
+                      a.peak_tflops > 0 ? (fmt("%.1f", 100 * r["mfu"].get<double>()) + " %").c_str() : "-");
+        } else {
+          const bool oom = status == "out of memory";
+          any_failed = any_failed || !oom;
+          std::string what = oom ? "out of memory at batch " + std::to_string(b) : status;
+          if (oom && oom_batches.size() == 2) what += " (and at batch " + std::to_string(oom_batches.front()) + ")";
+          const double peak = oom ? r.value("peak_gpu_mib", -1.0) : -1.0;
+          std::printf("| %s | %s | %lld | %s | | | | | %s | | | |\n", precision.c_str(), ckpt ? "on" : "off",
+                      static_cast<long long>(batch), what.c_str(),
+                      peak >= 0 ? (fmt("%.0f", peak) + " (at the failure)").c_str() : "-");
+        }
         std::fflush(stdout);
         rows.push_back(r);
       }
@@ -332,8 +403,12 @@ int run_parent(Args a) {
               "| precision | batch | peak RSS on/off | train MiB on/off | step time on/off (median) | (best) "
               "| CPU time on/off (median) |\n|---|---|---|---|---|---|---|\n");
   nlohmann::json ratios = nlohmann::json::array();
-  for (size_t i = 0; i + 1 < rows.size(); i += 2) {
+  for (size_t i = 0; i + 1 < rows.size(); ++i) {
     const auto &off = rows[i], &on = rows[i + 1];
+    // Only a measured off/on pair of the same precision and batch compares.
+    if (off["status"] != "ok" || on["status"] != "ok" || off["gradient_checkpointing"] != false ||
+        on["gradient_checkpointing"] != true || off["precision"] != on["precision"] || off["batch"] != on["batch"])
+      continue;
     const double peak = on["rss_peak_mib"].get<double>() / off["rss_peak_mib"].get<double>();
     const double train = on["rss_train_mib"].get<double>() / off["rss_train_mib"].get<double>();
     const double time_med = on["step_s_median"].get<double>() / off["step_s_median"].get<double>();
@@ -360,7 +435,7 @@ int run_parent(Args a) {
   // Only what this run wrote: --dir may name an existing directory.
   if (created_dir) fs::remove_all(a.dir);
   else for (const auto* f : {"reach_the_red_blob_demo.hdf5", "norm_stats.json", "child_result.json"}) fs::remove(fs::path(a.dir) / f);
-  return 0;
+  return any_failed ? 1 : 0;
 }
 
 }  // namespace

@@ -3,11 +3,17 @@
 # libraries those need) and unpacks them into one folder, for a machine that has a compiler, CMake and a LibTorch
 # but no package manager or network (the GPU validation machine: scripts/gpu-check.sh). Run it on a Debian bookworm
 # machine with network; it needs no root (apt-get download + dpkg -x). Idempotent.
-#   scripts/fetch_deps.sh [DIR]          (default .deps; ignored by git, carried to the GPU machine)
+#   scripts/fetch_deps.sh [DIR] [--fixtures]   (default .deps; ignored by git, carried to the GPU machine)
 # Then: cmake -DPI0_DEPS_DIR=DIR ...  and at run time LD_LIBRARY_PATH is not needed (RUNPATH), see gpu-check.sh.
+# Also downloads (pip download, no install) the wheels of openpi's Python client for the GPU image's Python 3.12
+# into DIR/wheels: openpi-client 0.1.2 and websockets (numpy and msgpack are there already); gpu-check.sh unpacks them.
+# --fixtures: also copies the part of ../shared/fixtures/openpi that the parity tests evaluate on the GPU into
+# .fixtures/openpi (16 MB; with DIR's ~45 MB it stays inside the 64 MiB one device-tool call carries).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DIR="${1:-.deps}"
+FIXTURES=0; args=()
+for a in "$@"; do [ "$a" = --fixtures ] && FIXTURES=1 || args+=("$a"); done
+DIR="${args[0]:-.deps}"
 mkdir -p "$DIR/debs"
 DIR="$(cd "$DIR" && pwd)"
 
@@ -34,4 +40,21 @@ for deb in "$DIR"/debs/*.deb; do dpkg -x "$deb" "$DIR"; done
 find "$DIR/usr" \( -name 'libhdf5*.a' -o -name 'libsentencepiece*.a' -o -path '*/share/doc/*' -o -path '*/share/man/*' -o -name '*fortran*' \) \
   -exec rm -rf {} + 2>/dev/null || true
 rm -rf "$DIR/debs"
+PIP=(python3 -m pip); [ -x .venv-cuda/bin/pip ] && PIP=(.venv-cuda/bin/pip)
+mkdir -p "$DIR/wheels"
+"${PIP[@]}" download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
+  --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 -d "$DIR/wheels" \
+  openpi-client==0.1.2 websockets typing_extensions \
+  || echo "[fetch_deps] pip download of the openpi-client wheels failed: gpu-check then skips the client request" >&2
+if [ $FIXTURES = 1 ]; then
+  SRC=../shared/fixtures/openpi
+  [ -d "$SRC" ] || { echo "[fetch_deps] --fixtures: no $SRC" >&2; exit 2; }
+  rm -rf .fixtures/openpi; mkdir -p .fixtures/openpi
+  cp "$SRC"/README.md "$SRC"/tokenizer_* .fixtures/openpi/
+  for m in pi0 pi05; do
+    mkdir -p .fixtures/openpi/$m
+    cp "$SRC"/$m/{config.json,weights.safetensors,inputs.safetensors,outputs.safetensors} .fixtures/openpi/$m/
+  done
+  echo "[fetch_deps] fixtures: $(du -sh .fixtures | cut -f1) in .fixtures/openpi (carry .fixtures with $DIR)"
+fi
 echo "[fetch_deps] done: $(du -sh "$DIR" | cut -f1) in $DIR (use -DPI0_DEPS_DIR=$DIR)"

@@ -555,7 +555,7 @@ int64_t Trainer::run() {
       interval_loss = 0;
       interval_steps = 0;
     }
-    if (step_ % ck.save_interval == 0 || step_ == t.num_steps || stop) save_checkpoint();
+    if (step_ % ck.save_interval == 0 || (step_ == t.num_steps && options_.final_checkpoint) || stop) save_checkpoint();
     if (stop) {
       const std::string why = stop_signal() ? "stop signal " + std::to_string(stop_signal()) + " received"
                                             : std::string("another rank received a stop signal");

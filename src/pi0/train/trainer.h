@@ -34,6 +34,9 @@ struct RunOptions {
   /// Data parallel: set when world_size > 1 (rank and world_size must match it). Gradients are averaged over
   /// ranks, rank 0 logs and writes checkpoints, every rank's RNG and loader position are checkpointed.
   std::shared_ptr<distributed::ProcessGroup> process_group;
+  /// false: no checkpoint after the last step (benchmarks measure steps; a full-size checkpoint is ~50 GB). Periodic
+  /// saves (checkpoint.save_interval) and the save on a stop signal still happen.
+  bool final_checkpoint = true;
 };
 
 /// Raised when training must stop (non-finite loss or gradient norm); names the step and rank.

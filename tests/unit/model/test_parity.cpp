@@ -2,8 +2,12 @@
 // every width different): same weights and inputs in, every intermediate the fixture records out — SigLIP, image
 // tokens, prefix and suffix tokens and outputs, adaRMS conditioning, the prefix KV cache, v_t, the loss, and
 // sampling with and without the cache — in float32 (1e-4 relative) and with bf16 compute (3e-2). Also: a
-// transposed weight or swapped layers trip the tolerance, and mismatched experts cannot even load.
+// transposed weight or swapped layers trip the tolerance, and mismatched experts cannot even load. The [cuda] cases
+// evaluate the same on the GPU (TF32 off: float32 means float32 there too); without one they say they are skipped.
 #include <catch2/catch.hpp>
+
+#include <ATen/Context.h>
+#include <torch/version.h>
 
 #include <cstdio>
 
@@ -89,7 +93,7 @@ std::map<std::string, torch::Tensor> compute_all(model::Pi0Impl& m, const Fixtur
   out["v_t"] = m.velocity_full(prefix, obs.state, x_t, time);
   out["loss"] = m.compute_loss(obs, actions, noise, time);
   out["compute_loss"] = out["loss"].mean(-1);
-  out["v_first_step"] = m.velocity_full(prefix, obs.state, noise, torch::ones({b}));
+  out["v_first_step"] = m.velocity_full(prefix, obs.state, noise, torch::ones({b}, time.options()));
   out["sampled_actions"] = m.sample_actions(obs, noise, 10, /*use_kv_cache=*/true);
   out["sampled_actions_no_cache"] = m.sample_actions(obs, noise, 10, /*use_kv_cache=*/false);
   return out;
@@ -116,20 +120,25 @@ std::map<std::string, double> errors(const std::map<std::string, torch::Tensor>&
   return e;
 }
 
-void check_parity(const std::string& name, torch::ScalarType dtype, double tol) {
+void check_parity(const std::string& name, torch::ScalarType dtype, double tol,
+                  const torch::Device& device = torch::kCPU) {
   if (!testing::openpi_fixture_present(name + "/outputs.safetensors")) return;
   const auto f = load_fixture(name);
   auto m = make_model(f, f.weights);
+  m->to(device);
   m->set_compute_dtype(dtype);
-  const auto ours = compute_all(*m, f);
+  auto on_device = f;
+  for (auto& [key, t] : on_device.inputs) t = t.to(device);
+  auto ours = compute_all(*m, on_device);
+  for (auto& [key, t] : ours) t = t.cpu();
   // The masks and positions are exact.
   CHECK(torch::equal(ours.at("input_mask"), f.outputs.at("input_mask").to(torch::kBool)));
   CHECK(torch::equal(ours.at("ar_mask"), f.outputs.at("ar_mask").to(torch::kBool)));
   CHECK(torch::equal(ours.at("positions"), f.outputs.at("positions").to(torch::kLong)));
   CHECK(f.outputs.count("adarms_cond") == ours.count("adarms_cond"));
   for (const auto& [key, err] : errors(ours, f)) {
-    std::printf("parity %s %s %-26s max rel error %.2e\n", name.c_str(), dtype == torch::kFloat32 ? "float32" : "bf16",
-                key.c_str(), err);
+    std::printf("parity %s %s %s %-26s max rel error %.2e\n", device.str().c_str(), name.c_str(),
+                dtype == torch::kFloat32 ? "float32" : "bf16", key.c_str(), err);
     INFO(name << " " << key << ": max |ours − openpi| / max |openpi| = " << err);
     CHECK(err < tol);
   }
@@ -151,6 +160,24 @@ TEST_CASE("openpi parity: pi0 with bf16 compute within 3e-2", "[parity][model]")
 
 TEST_CASE("openpi parity: pi0.5 with bf16 compute within 3e-2", "[parity][model]") {
   check_parity("pi05", torch::kBFloat16, 3e-2);
+}
+
+TEST_CASE("openpi parity on CUDA: pi0 and pi0.5, float32 within 1e-4 and bf16 compute within 3e-2",
+          "[parity][model][cuda]") {
+  if (!torch::cuda::is_available()) {
+    WARN("skipped [cuda] openpi parity on the GPU: no usable CUDA device (LibTorch " TORCH_VERSION ")");
+    return;
+  }
+  auto& ctx = at::globalContext();
+  const bool cudnn_tf32 = ctx.allowTF32CuDNN(), cublas_tf32 = ctx.allowTF32CuBLAS();
+  ctx.setAllowTF32CuDNN(false);
+  ctx.setAllowTF32CuBLAS(false);
+  for (const char* name : {"pi0", "pi05"}) {
+    check_parity(name, torch::kFloat32, 1e-4, torch::Device("cuda"));
+    check_parity(name, torch::kBFloat16, 3e-2, torch::Device("cuda"));
+  }
+  ctx.setAllowTF32CuDNN(cudnn_tf32);
+  ctx.setAllowTF32CuBLAS(cublas_tf32);
 }
 
 TEST_CASE("openpi parity trips on a transposed weight or swapped layers", "[parity][model]") {
