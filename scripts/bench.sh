@@ -31,8 +31,8 @@ if [ "${1:-}" = "--gpu" ]; then
     [ -f "$BUILD/CMakeCache.txt" ] || { echo "bench.sh --gpu: no configured build in $BUILD (run scripts/gpu-check.sh or scripts/setup.sh --cuda)" >&2; exit 2; }
     cmake --build "$BUILD" -j "$(nproc)" --target "${need[@]}" >&2 || { echo "bench.sh --gpu: building ${need[*]} failed" >&2; exit 1; }
   fi
-  if [ "${PI0_BENCH_GPU_QUICK:-0}" = 1 ]; then STEPS=(--warmup 2 --steps 4); MODES=1; ITERS=10
-  else STEPS=(--warmup 3 --steps 10); MODES=0,1; ITERS=20; fi
+  if [ "${PI0_BENCH_GPU_QUICK:-0}" = 1 ]; then GSTEPS=(--warmup 2 --steps 4); MODES=1; ITERS=10
+  else GSTEPS=(--warmup 3 --steps 10); MODES=0,1; ITERS=20; fi
   rows=(); failed=0
   row() {  # name, command...: markdown to $GOUT/<name>.md, the benchmark's own log to <name>.log
     local name=$1; shift
@@ -42,7 +42,7 @@ if [ "${1:-}" = "--gpu" ]; then
   }
   for m in pi0 pi05; do
     row "gpu_train_$m" "$BUILD/bench_train" --config "configs/${m}_libero.yaml" --device cuda --batches 32 \
-      --precisions bf16-mixed "${STEPS[@]}" --workers 8 --checkpointing-modes $MODES --peak-tflops "$PEAK" \
+      --precisions bf16-mixed "${GSTEPS[@]}" --workers 8 --checkpointing-modes $MODES --peak-tflops "$PEAK" \
       --json "$GOUT/gpu_train_$m.json"
     row "gpu_infer_$m" "$BUILD/bench_infer" --config "configs/${m}_libero.yaml" --device cuda --dtype bf16 \
       --cameras 1,3 --iters $ITERS --cuda-graph off,on --json "$GOUT/gpu_infer_$m.json"

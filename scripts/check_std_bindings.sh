@@ -38,7 +38,7 @@ for b in "${bins[@]}"; do
         | sed -E 's/.*binding file ([^ ]*) .* to ([^ ]*) .*symbol `([^'"'"']*)'"'"'.*/\1 -> \2: \3/' | sort -u)
   if [ -n "$bad" ]; then
     echo "FAIL $name binds $(printf '%s\n' "$bad" | wc -l) std:: symbol(s) to LibTorch (link order puts it before libstdc++):"
-    printf '%s\n' "$bad" | head -20 | while read -r from arrow to sym; do
+    printf '%s\n' "$bad" | head -20 | while read -r from _ to sym; do
       echo "  ${from#$BUILD/} -> $(basename "$to") $(echo "$sym" | c++filt)"
     done
     fail=1

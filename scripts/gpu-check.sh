@@ -121,7 +121,7 @@ flow() {
   fi
   stop_at=$((3 * si + 2))   # after the saves at si, 2 si, 3 si: two rotations done (keep_last 1)
   rm -rf "$W"; mkdir -p "$W"
-  local B=$PWD/$BUILD
+  local B; B="$(cd "$BUILD" && pwd)"
   "$B/pi0-make-example-data" --out "$W/data" --episodes 4 --steps 40 --image-size $img > "$W/data.log" 2>&1 \
     || { fail "flow: pi0-make-example-data ($W/data.log)"; return; }
   local sets=(--set "data.dataset.paths=[$W/data/*.hdf5]" --set "data.norm_stats=$W/data/norm_stats.json"
