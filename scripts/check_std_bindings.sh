@@ -4,8 +4,9 @@
 # Why: pip's LibTorch 2.x exports its own copies of std:: functions (all of std::filesystem, some string and stream
 # members); a call of ours bound there crashed on the GPU machine (std::filesystem::remove_all, issue 22). Two checks:
 # 1. As built (dynamic): each app, benchmark and pi0_tests is loaded the way `ldd -r` does it (LD_TRACE_LOADED_OBJECTS,
-#    LD_BIND_NOW: every symbol resolved, nothing run) with LD_DEBUG=bindings; any std:: symbol that one of our files
-#    (anything under BUILD_DIR) binds to libtorch*/libc10* fails. This is what the link order of this build gives.
+#    LD_BIND_NOW: every symbol resolved, nothing run) with LD_DEBUG=bindings; any std:: symbol that libstdc++ defines
+#    and that one of our files (anything under BUILD_DIR) binds to libtorch*/libc10* instead fails. This is what the
+#    link order of this build gives.
 # 2. Whatever the link order (static): the apps and benchmarks import no std::filesystem operation at all (they use
 #    pi0::posix_fs, src/pi0/common/fs.h), so a build whose link order puts LibTorch first still cannot reach those.
 # Registered as the ctest `std_symbol_bindings` (tests/CMakeLists.txt). Exit 0 clean, 1 found, 2 usage.
@@ -25,6 +26,10 @@ tmp="$(mktemp -d)"; trap 'rm -rf "$tmp"' EXIT
 fail=0
 for b in "${bins[@]}"; do
   name="${b#$BUILD/}"
+  # What libstdc++ itself defines: a std:: symbol only LibTorch defines (a specialization of its own) is not a finding.
+  stdcxx=$(LD_TRACE_LOADED_OBJECTS=1 "$b" 2>/dev/null | awk '/libstdc\+\+\.so/ {print $3; exit}')
+  [ -f "$stdcxx" ] || { echo "FAIL $name: does not load libstdc++ (ldd)"; fail=1; continue; }
+  nm -D --defined-only "$stdcxx" | awk '{print $NF}' | sed 's/@.*//' | sort -u > "$tmp/stdcxx"
   LD_TRACE_LOADED_OBJECTS=1 LD_WARN=yes LD_BIND_NOW=1 LD_DEBUG=bindings LD_DEBUG_OUTPUT="$tmp/log" "$b" > /dev/null 2>&1
   cat "$tmp"/log.* > "$tmp/all" 2>/dev/null; rm -f "$tmp"/log.*
   # "binding file <from> [0] to <to> [0]: normal symbol `<sym>' [<version>]"
@@ -35,7 +40,8 @@ for b in "${bins[@]}"; do
     fail=1; continue
   fi
   bad=$(printf '%s\n' "$ours" | grep -E "to [^ ]*/lib(torch[a-z_]*|c10[a-z_]*)\.so[^ ]* \[[0-9]+\]: normal symbol \`_Z(N|NK)?St" \
-        | sed -E 's/.*binding file ([^ ]*) .* to ([^ ]*) .*symbol `([^'"'"']*)'"'"'.*/\1 -> \2: \3/' | sort -u)
+        | sed -E 's/.*binding file ([^ ]*) .* to ([^ ]*) .*symbol `([^'"'"']*)'"'"'.*/\1 -> \2: \3/' | sort -u \
+        | awk 'NR == FNR { std[$1] = 1; next } ($4 in std)' "$tmp/stdcxx" -)
   if [ -n "$bad" ]; then
     echo "FAIL $name binds $(printf '%s\n' "$bad" | wc -l) std:: symbol(s) to LibTorch (link order puts it before libstdc++):"
     printf '%s\n' "$bad" | head -20 | while read -r from _ to sym; do
