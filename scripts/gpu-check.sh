@@ -10,20 +10,22 @@
 #      configs/debug.yaml on the CPU, so the script itself is rehearsed;
 #   3. the benchmarks of scripts/bench.sh --gpu (rows independent; JSON + markdown in OUT_DIR).
 # Logs and results go to OUT_DIR; summary.txt is the verdict, one line per step.
-#   scripts/gpu-check.sh OUT_DIR [--no-bench] [--no-suite] [--no-flow] [--cuda-only]
+#   scripts/gpu-check.sh OUT_DIR [--no-bench] [--no-suite] [--no-flow] [--cuda-only] [--build-only]
 #       --cuda-only: run only the [cuda] test cases instead of the whole suite (a quick look)
+#       --build-only: configure, build and the binding check (then measure by hand in the same call)
 # Budget: 10 minutes on 16 cores + one H100 (build ~3 min). Without a usable GPU every GPU step is skipped visibly.
 # Through the workplace's device tool (8 files come back from $OUT; carried paths are replaced on each call), carry
 # .deps and .fixtures (scripts/fetch_deps.sh --fixtures makes both, within the 64 MiB a call carries) and pack OUT:
 #   BUILD_DIR=/tmp/bgpu scripts/gpu-check.sh /tmp/gc; rc=$?; tar czf $OUT/gpu-check.tgz -C /tmp gc; exit $rc
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT_DIR="${1:?usage: scripts/gpu-check.sh OUT_DIR [--no-bench] [--no-suite] [--no-flow] [--cuda-only]}"
+OUT_DIR="${1:?usage: scripts/gpu-check.sh OUT_DIR [--no-bench] [--no-suite] [--no-flow] [--cuda-only] [--build-only]}"
 shift
 BENCH=1; SUITE=1; FLOW=1; CUDA_ONLY=0
 for a in "$@"; do
   case "$a" in
     --no-bench) BENCH=0 ;; --no-suite) SUITE=0 ;; --no-flow) FLOW=0 ;; --cuda-only) CUDA_ONLY=1 ;;
+    --build-only) BENCH=0; SUITE=0; FLOW=0 ;;
     --full-suite) ;;  # the default now; accepted for old command lines
     *) echo "unknown option $a" >&2; exit 2 ;;
   esac

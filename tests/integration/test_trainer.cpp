@@ -79,6 +79,18 @@ TEST_CASE("resume continues bit-identically (losses, weights, EMA, optimizer)", 
   CHECK(a.front() != a.back());  // training did something
 }
 
+TEST_CASE("final_checkpoint=false: periodic checkpoints only, none after the last step (benchmarks)",
+          "[integration][train]") {
+  TinyRun run;
+  train::RunOptions no_final;
+  no_final.final_checkpoint = false;
+  train::Trainer t(run.config("run", {"train.num_steps=5", "checkpoint.save_interval=2", "checkpoint.keep_last=5"}),
+                   no_final);
+  CHECK(t.run() == 5);
+  CHECK(train::complete_checkpoints(run.dir.str("run")) == std::vector<int64_t>{2, 4});
+  CHECK(losses(run.dir.str("run")).size() == 5);  // every step ran and was logged
+}
+
 TEST_CASE("SIGTERM finishes the step, saves, exits 0, and the run resumes", "[integration][train]") {
   TinyRun run;
   const std::string exe = std::string(PI0_BINARY_DIR) + "/pi0-train";
