@@ -175,7 +175,7 @@ flow() {
       else fail "flow: openpi-client against pi0-serve (flow_client.log)"; fi
     else
       if $PY -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$port/healthz').status != 200)" 2>/dev/null; then
-        log "flow: pi0-serve --device $dev up (/healthz 200); skipped the openpi-client request: no client wheels"
+        log "flow: pi0-serve --device $dev up (/healthz 200); skipped the openpi-client request: openpi_client not importable with $PY"
       else fail "flow: pi0-serve /healthz"; fi
     fi
     kill -TERM $spid 2>/dev/null; wait $spid; r=$?
