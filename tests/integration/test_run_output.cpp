@@ -10,6 +10,7 @@
 #include "pi0/config/config.h"
 #include "pi0/train/freeze.h"
 #include "pi0/train/metrics.h"
+#include "pi0/train/rank_memory.h"
 #include "pi0/train/trainer.h"
 #include "support/app_process.h"
 #include "support/log_capture.h"
@@ -86,4 +87,10 @@ TEST_CASE("--print-params: the header defines the memory total, the README's tab
     ++rows;
   }
   CHECK(rows == 3);
+}
+
+TEST_CASE("per-rank holdings read in human units and keep the exact byte counts", "[unit][train]") {
+  CHECK(train::format_held_state(1, 2, 1234567, 617284, 1234567, "gradients") ==
+        "rank 1 of 2 holds 1.18 MiB of AdamW state, 603 KiB of EMA and 1.18 MiB of gradients (1234567, 617284 and "
+        "1234567 bytes; dist.shard=gradients)");
 }

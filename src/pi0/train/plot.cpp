@@ -194,7 +194,7 @@ Canvas plot_panels(const std::vector<PlotSeries>& panels, int width, int height,
       if (std::isfinite(p.x[i]) && std::isfinite(p.y[i])) xlo = std::min(xlo, p.x[i]), xhi = std::max(xhi, p.x[i]);
   if (!(xhi >= xlo)) xlo = 0, xhi = 1;
   // Steps start at 1 (or wherever a resumed log starts): the axis starts at the tick below, 0 for a whole run.
-  const Axis xa = fit_axis(xlo, xhi, false, 6);
+  const Axis xa = fit_axis(xlo, xhi, false, 8);
 
   const int x0 = left, x1 = width - right;
   auto px = [&](double x) { return x0 + static_cast<int>(std::lround((x - xa.lo) / (xa.hi - xa.lo) * (x1 - x0))); };
