@@ -471,7 +471,7 @@ YAML::Node to_yaml(const Config& config) {
 std::string to_compact_text(const Config& config) {
   // One flow mapping per section, wrapped after commas: the whole config in a dozen lines of valid YAML.
   constexpr size_t kWidth = 118;
-  std::string out;
+  std::vector<std::string> lines;
   for (const auto& section : to_yaml(config)) {
     YAML::Emitter e;
     e << YAML::Flow << section.second;
@@ -496,13 +496,15 @@ std::string to_compact_text(const Config& config) {
     for (const auto& entry : entries) {
       const bool fresh = line == head || line == indent;
       if (!fresh && line.size() + 1 + entry.size() > kWidth) {
-        out += line + "\n";
+        lines.push_back(line);
         line = indent;
       }
       line += (line == head || line == indent ? "" : " ") + entry;
     }
-    out += (out.empty() ? "" : "\n") + line;
+    lines.push_back(line);
   }
+  std::string out;
+  for (const auto& l : lines) out += (out.empty() ? "" : "\n") + l;
   return out;
 }
 

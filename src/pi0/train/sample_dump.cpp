@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <charconv>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -35,9 +37,18 @@ torch::Tensor to_hwc_uint8(const torch::Tensor& chw) {
   return ((chw.to(torch::kFloat32) + 1) * 127.5).round().clamp(0, 255).to(torch::kUInt8).permute({1, 2, 0});
 }
 
+// float32 values as the shortest decimals that read back as the same float (0.18786848, not 0.18786847591400146).
 nlohmann::json values(const torch::Tensor& t) {
-  const auto f = t.to(torch::kFloat64).contiguous();
-  if (f.dim() == 1) return std::vector<double>(f.data_ptr<double>(), f.data_ptr<double>() + f.numel());
+  const auto f = t.to(torch::kFloat32).contiguous();
+  if (f.dim() == 1) {
+    nlohmann::json out = nlohmann::json::array();
+    char buf[32];
+    for (int64_t i = 0; i < f.numel(); ++i) {
+      const auto r = std::to_chars(buf, buf + sizeof buf, f.data_ptr<float>()[i]);
+      out.push_back(std::strtod(std::string(buf, r.ptr).c_str(), nullptr));
+    }
+    return out;
+  }
   nlohmann::json rows = nlohmann::json::array();
   for (int64_t i = 0; i < f.size(0); ++i) rows.push_back(values(f[i]));
   return rows;
