@@ -194,7 +194,7 @@ TEST_CASE("pi0-train --dump-batches N DIR: exit 0 with one log line, bad N or an
   CHECK(fs::exists(dir + "/sample_001/sample.json"));
   CHECK_FALSE(fs::exists(dir + "/sample_002"));
   // The program's log line, in the one format every program uses.
-  CHECK(std::regex_search(r.out, std::regex(R"(^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] info wrote 2 samples of )")));
+  CHECK(std::regex_search(r.out, std::regex(R"((^|\n)\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] info wrote 2 samples of )")));
   testing::check_user_error(testing::run_app_process("pi0-train", sets + " --dump-batches two " + run.dir.str("x"), run.dir),
                             "pi0-train", "--dump-batches: got 'two' samples, expected an integer >= 1");
   testing::check_user_error(testing::run_app_process("pi0-train", sets + " --dump-batches 1 " + dir, run.dir),
