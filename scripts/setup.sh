@@ -7,6 +7,8 @@
 #        .venv-cuda with the pinned PyPI wheel torch==$PI0_TORCH_VERSION (default 2.11.0, CUDA 13.0; ~3.5 GB with its
 #        nvidia-* wheels). Needs the CUDA toolkit (nvcc, CUDA 13.x to match the wheel) for LibTorch's CMake config.
 #        PI0_TORCH_PREFIX=<torch cmake prefix> uses an existing LibTorch instead of the venv.
+#        PI0_BUILD_TARGETS="pi0-train pi0-plot ..." builds only those targets (scripts/quickstart.sh: the apps, not the
+#        test binary); default: everything (apps, tests, benchmarks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CUDA=0
@@ -88,5 +90,7 @@ if [ $CUDA = 1 ] && ! grep -q 'CUDA support: ON' "$BUILD_DIR/configure.log"; the
   echo "[setup] --cuda: the LibTorch at $PI0_TORCH_PREFIX has no CUDA (see $BUILD_DIR/configure.log)" >&2
   exit 1
 fi
-cmake --build "$BUILD_DIR" -j "$(nproc)"
-echo "[setup] built in $BUILD_DIR"
+TARGETS=()
+[ -n "${PI0_BUILD_TARGETS:-}" ] && TARGETS=(--target ${PI0_BUILD_TARGETS})
+cmake --build "$BUILD_DIR" -j "$(nproc)" "${TARGETS[@]}"
+echo "[setup] built in $BUILD_DIR${PI0_BUILD_TARGETS:+ ($PI0_BUILD_TARGETS)}"

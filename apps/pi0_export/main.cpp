@@ -3,7 +3,6 @@
 //              [--dtype bf16|float32] [--base-weights PATH]
 // A run directory exports its newest complete checkpoint. Flags and exit codes: pi0-export --help.
 #include <filesystem>
-#include <iostream>
 #include <string>
 
 #include <spdlog/spdlog.h>
@@ -48,9 +47,7 @@ int export_main(int argc, char** argv) {
   if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
   opt.dtype = dtype == "float32" || dtype == "f32" ? torch::kFloat32 : torch::kBFloat16;
   spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU
-  const auto report = pi0::io::export_bundle(resolve_checkpoint(checkpoint), out, opt);
-  std::cout << "wrote " << report.out_dir << " from " << report.checkpoint_dir << " (" << report.weights
-            << " weights, " << report.lora_layers_merged << " LoRA layers merged)\n";
+  pi0::io::export_bundle(resolve_checkpoint(checkpoint), out, opt);  // logs what it wrote, once
   return 0;
 }
 

@@ -1,6 +1,6 @@
 // pi0-plot: draws training curves from a metrics JSONL file to a PNG, without Python.
-//   pi0-plot --metrics run/metrics.jsonl --out loss.png [--width 1000] [--height 700] [--keys loss,lr]
-// One panel per key (default: loss and learning rate), step on the x axis. Flags and exit codes: pi0-plot --help.
+//   pi0-plot --metrics run/metrics.jsonl --out loss.png [--width 1000] [--height 700] [--keys loss,lr] [--log-y loss]
+// One panel per key (default: loss on a log axis, learning rate), step on the x axis. Flags, exit codes: pi0-plot --help.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -19,7 +19,7 @@ namespace {
 int plot_main(int argc, char** argv) {
   std::string metrics, out;
   int width = 1000, height = 700;
-  std::vector<std::string> keys = {"loss", "lr"};
+  std::vector<std::string> keys = {"loss", "lr"}, log_keys = {"loss"};
   auto cli = pi0::app::make_parser("pi0-plot", "Draws training curves from a metrics JSONL file to a PNG.");
   cli->add_option("--metrics", metrics, "metrics.jsonl of a run")->required()->check(pi0::app::non_empty());
   cli->add_option("--out", out, "PNG to write")->required()->check(pi0::app::non_empty());
@@ -27,6 +27,9 @@ int plot_main(int argc, char** argv) {
   cli->add_option("--height", height, "image height in pixels")->check(pi0::app::int_in(200, 10000));
   cli->add_option("--keys", keys,
                   "metrics to draw against 'step', comma-separated ('lr' falls back to 'learning_rate')")
+      ->delimiter(',');
+  cli->add_option("--log-y", log_keys,
+                  "metrics drawn on a logarithmic axis when all their values are positive, comma-separated")
       ->delimiter(',');
   if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
   keys.erase(std::remove(keys.begin(), keys.end(), std::string()), keys.end());
@@ -39,6 +42,7 @@ int plot_main(int argc, char** argv) {
     pi0::train::PlotSeries s;
     s.title = keys[k] == "lr" ? "learning rate" : keys[k];
     s.color = colors[k % colors.size()];
+    s.log_y = std::find(log_keys.begin(), log_keys.end(), keys[k]) != log_keys.end();
     for (const auto& r : records) {
       if (!r.contains("step") || !r["step"].is_number()) continue;
       const nlohmann::json* v = nullptr;

@@ -1,5 +1,6 @@
 // pi0-train: fine-tune pi0 / pi0.5 from a YAML config.
 //   pi0-train --config run.yaml [--set section.key=value ...] [--resume] [--print-params [--world-size N] [--json]]
+//             [--dump-batches N DIR]
 // Data parallel: launch one process per GPU (or CPU rank) with torchrun --no-python or SLURM srun; the rank, world
 // size and rendezvous come from the environment (see docs/distributed.md).
 // Exit codes: 0 done (or stopped by SIGINT/SIGTERM: after saving, or before the first step with nothing to save),
@@ -23,6 +24,7 @@
 #include "pi0/distributed/process_group.h"
 #include "pi0/train/freeze.h"
 #include "pi0/train/rank_memory.h"
+#include "pi0/train/sample_dump.h"
 #include "pi0/train/signals.h"
 #include "pi0/train/trainer.h"
 
@@ -33,7 +35,22 @@ struct Args {
   std::vector<std::string> overrides;
   bool resume = false, print_params = false, json = false, reference = false;
   int64_t world_size = 0;  ///< --world-size; 0: the launcher's WORLD_SIZE (1 outside a launched job)
+  std::vector<std::string> dump;  ///< --dump-batches N DIR
 };
+
+// The N of --dump-batches N DIR.
+int64_t dump_count(const std::string& text) {
+  size_t used = 0;
+  long long n = 0;
+  try {
+    n = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || n < 1)
+    throw pi0::UserError("--dump-batches: got '" + text + "' samples, expected an integer >= 1 (--dump-batches N DIR)");
+  return n;
+}
 
 int print_params(const pi0::config::Config& cfg, const Args& args) {
   // The job being planned: --world-size, else the one this process was launched into (so --print-params inside
@@ -123,6 +140,11 @@ int train_main(int argc, char** argv) {
                   "split; default: WORLD_SIZE of a launched job, else 1)")
       ->check(pi0::app::int_in(1))
       ->needs(print);
+  cli->add_option("--dump-batches", args.dump,
+                  "write the first N samples training reads to the new directory DIR (frames as read and as the model "
+                  "sees them, state, actions, prompt tokens; docs/data.md), then exit")
+      ->expected(2)
+      ->type_name("N DIR");
   cli->add_flag("--config-reference", args.reference, "print every config key with its default (markdown) and exit");
   cli->footer("Exit codes: 0 done (or stopped by SIGINT/SIGTERM), 1 internal error, 2 bad input (one line on stderr "
               "naming the flag, key or file), 3 training diverged or out of memory, 4 distributed failure.");
@@ -136,6 +158,10 @@ int train_main(int argc, char** argv) {
   if (args.config.empty()) throw pi0::UserError("--config is required (see --help)");
   auto cfg = pi0::config::load_config(args.config, args.overrides);
   if (args.print_params) return print_params(cfg, args);
+  if (!args.dump.empty()) {
+    pi0::train::dump_samples(cfg, dump_count(args.dump[0]), args.dump[1]);
+    return 0;
+  }
 
   pi0::train::RunOptions run;
   run.resume = args.resume;
@@ -151,7 +177,8 @@ int train_main(int argc, char** argv) {
     run.process_group = std::make_shared<pi0::distributed::ProcessGroup>(env, torch::Device(cfg.train.device),
                                                                   std::chrono::seconds(cfg.dist.timeout_s));
   }
-  spdlog::info("resolved config ({}):\n{}", args.config, YAML::Dump(pi0::config::to_yaml(cfg)));
+  spdlog::info("config {} as resolved (saved as {}/config.yaml):\n{}", args.config, cfg.checkpoint.run_dir,
+               pi0::config::to_compact_text(cfg));
   spdlog::info("{} (train.num_threads {})", pi0::set_num_threads(static_cast<int>(cfg.train.num_threads)).describe(),
                cfg.train.num_threads);
   try {

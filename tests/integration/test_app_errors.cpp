@@ -54,13 +54,14 @@ TEST_CASE("every app answers --help and --version with exit 0 and refuses unknow
     std::vector<std::string> flags;  // some of its flags, which --help must list
   };
   std::vector<App> apps = {
-      {"pi0-train", {"--config", "--set", "--resume", "--print-params", "--json", "--world-size", "--config-reference"}},
+      {"pi0-train", {"--config", "--set", "--resume", "--print-params", "--json", "--world-size", "--config-reference",
+                     "--dump-batches"}},
       {"pi0-export", {"--checkpoint", "--out", "--weights", "--dtype", "--base-weights"}},
       {"pi0-infer", {"--bundle", "--obs", "--out", "--prompt", "--noise", "--num-steps", "--device", "--loss",
                      "--cuda-graph", "--dtype"}},
       {"pi0-norm-stats", {"--config", "--set", "--format", "--data", "--out", "--action-horizon", "--state-keys",
                           "--action-key", "--delta-mask", "--bins", "--adapt-to-pi"}},
-      {"pi0-plot", {"--metrics", "--out", "--width", "--height", "--keys"}},
+      {"pi0-plot", {"--metrics", "--out", "--width", "--height", "--keys", "--log-y"}},
       {"pi0-make-example-data", {"--out", "--episodes", "--steps", "--seed", "--image-size", "--format",
                                  "--observation-out", "--frame"}},
   };

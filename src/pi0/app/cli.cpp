@@ -7,6 +7,7 @@
 
 #include "pi0/app/out_of_memory.h"
 #include "pi0/common/check.h"
+#include "pi0/common/logging.h"
 #include "pi0/distributed/process_group.h"
 #include "pi0/train/trainer.h"
 
@@ -172,6 +173,7 @@ int run_app(const std::string& program, const std::function<int()>& main_fn) {
     return code;
   };
   try {
+    set_log_rank(0);  // one log line format in every program; pi0-train sets its rank once it knows it
     return main_fn();
   } catch (const UserError& e) {
     return report("error", e.what(), kExitUserError);

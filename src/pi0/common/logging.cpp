@@ -2,8 +2,13 @@
 
 namespace pi0 {
 
+std::string log_pattern(int rank) {
+  // Date and time to the second: a training run spans days, and a sub-second stamp adds nothing a reader uses.
+  return rank == 0 ? "[%Y-%m-%d %H:%M:%S] %^%l%$ %v" : "[%Y-%m-%d %H:%M:%S] [rank " + std::to_string(rank) + "] %^%l%$ %v";
+}
+
 void set_log_rank(int rank) {
-  spdlog::set_pattern(rank == 0 ? "[%H:%M:%S] %^%l%$ %v" : "[%H:%M:%S] [rank " + std::to_string(rank) + "] %^%l%$ %v");
+  spdlog::set_pattern(log_pattern(rank));
   spdlog::set_level(rank == 0 ? spdlog::level::info : spdlog::level::warn);
 }
 

@@ -1,6 +1,10 @@
 #include "pi0/common/strings.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <iterator>
 
 namespace pi0 {
 
@@ -69,6 +73,27 @@ std::string quote_value(std::string_view value, size_t max_chars) {
   size_t cut = max_chars;  // not inside a UTF-8 sequence (continuation bytes are 10xxxxxx)
   while (cut > 0 && (static_cast<unsigned char>(value[cut]) & 0xc0) == 0x80) --cut;
   return "'" + printable(value.substr(0, cut)) + "...' (" + std::to_string(value.size()) + " bytes)";
+}
+
+std::string human_bytes(int64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  size_t u = 0;
+  while (std::abs(v) >= 1024 && u + 1 < std::size(kUnits)) v /= 1024, ++u;
+  char buf[32];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  else std::snprintf(buf, sizeof buf, std::abs(v) < 10 ? "%.2f %s" : std::abs(v) < 100 ? "%.1f %s" : "%.0f %s", v, kUnits[u]);
+  return buf;
+}
+
+std::string shortest_double(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, value);  // shortest round-trip form (C++17)
+  std::string s(buf, r.ptr);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
 }
 
 }  // namespace pi0

@@ -1,5 +1,6 @@
 // Small string helpers shared by every user-facing validation (config keys, presets, precision modes).
 #pragma once
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,5 +22,12 @@ std::string printable(std::string_view text);
 /// `value` for quoting in a message: printable() of at most `max_chars` of it, in single quotes; a longer value
 /// is cut and says how long it was, e.g. 'pick up the ...' (1048576 bytes). Keeps a 1 MB prompt out of a log line.
 std::string quote_value(std::string_view value, size_t max_chars = 200);
+
+/// A byte count for people, 3 significant digits in binary units: "512 B", "1.50 KiB", "12.3 MiB", "13.0 GiB".
+std::string human_bytes(int64_t bytes);
+
+/// The shortest decimal text that reads back as exactly `value` (0.95, not 0.94999999999999996; 1e-08), with
+/// ".0" on integral values so it still reads as a number with a fraction ("1.0"); "inf", "-inf", "nan" otherwise.
+std::string shortest_double(double value);
 
 }  // namespace pi0

@@ -218,6 +218,9 @@ struct Writer {
   static YAML::Node encode(const T& v) {
     return YAML::Node(v);
   }
+  // yaml-cpp writes doubles with 17 significant digits (0.94999999999999996); the shortest text that reads back as
+  // the same double is what the user wrote (0.95). Non-finite values never pass validate().
+  static YAML::Node encode(double v) { return std::isfinite(v) ? YAML::Node(shortest_double(v)) : YAML::Node(v); }
   static YAML::Node encode(const std::vector<bool>& v) {
     YAML::Node n(YAML::NodeType::Sequence);
     for (bool b : v) n.push_back(b);
@@ -417,6 +420,8 @@ void validate(const Config& c) {
           "'" + d.format + "'", "libero, aloha or lerobot");
   require(d.adapt_to_pi == "auto" || d.adapt_to_pi == "true" || d.adapt_to_pi == "false", "data.dataset.adapt_to_pi",
           "'" + d.adapt_to_pi + "'", "auto, true or false");
+  require(d.flip_images == "auto" || d.flip_images == "true" || d.flip_images == "false", "data.dataset.flip_images",
+          "'" + d.flip_images + "'", "auto, true or false");
   require(c.data.num_workers >= 0, "data.num_workers", c.data.num_workers, ">= 0");
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, ">= 1");
   const auto& t = c.train;
@@ -442,6 +447,7 @@ void validate(const Config& c) {
   require(t.ema_decay >= 0 && t.ema_decay < 1, "train.ema_decay", t.ema_decay, "in [0, 1) (0 = off)");
   require(t.max_nonfinite_skips >= 0, "train.max_nonfinite_skips", t.max_nonfinite_skips, ">= 0");
   require(t.log_interval > 0, "train.log_interval", t.log_interval, "> 0");
+  require(t.metrics_interval >= 0, "train.metrics_interval", t.metrics_interval, ">= 0 (0 = log_interval)");
   require(t.num_threads >= 0, "train.num_threads", t.num_threads, ">= 0 (0 = OMP_NUM_THREADS or all cores)");
   const auto& k = c.checkpoint;
   require(!k.run_dir.empty(), "checkpoint.run_dir", "''", "a directory path");
@@ -461,6 +467,46 @@ YAML::Node to_yaml(const Config& config) {
   auto copy = config;
   copy.visit(w);
   return w.node;
+}
+
+std::string to_compact_text(const Config& config) {
+  // One flow mapping per section, wrapped after commas: the whole config in a dozen lines of valid YAML.
+  constexpr size_t kWidth = 118;
+  std::vector<std::string> lines;
+  for (const auto& section : to_yaml(config)) {
+    YAML::Emitter e;
+    e << YAML::Flow << section.second;
+    const std::string flow = e.c_str();
+    // Pieces that may start a line: split after each comma outside a quoted string (a flow collection may continue
+    // on the next line when indented past its key, at any nesting depth).
+    std::vector<std::string> entries;
+    bool quoted = false;
+    size_t start = 0;
+    for (size_t i = 0; i < flow.size(); ++i) {
+      const char c = flow[i];
+      if (c == '"' && (i == 0 || flow[i - 1] != '\\')) quoted = !quoted;
+      if (quoted) continue;
+      if (c == ',' || i + 1 == flow.size()) {
+        const size_t from = flow.find_first_not_of(' ', start);
+        entries.push_back(flow.substr(from, i + 1 - from));
+        start = i + 1;
+      }
+    }
+    const std::string head = section.first.Scalar() + ": ", indent(head.size() + 1, ' ');
+    std::string line = head;
+    for (const auto& entry : entries) {
+      const bool fresh = line == head || line == indent;
+      if (!fresh && line.size() + 1 + entry.size() > kWidth) {
+        lines.push_back(line);
+        line = indent;
+      }
+      line += (line == head || line == indent ? "" : " ") + entry;
+    }
+    lines.push_back(line);
+  }
+  std::string out;
+  for (const auto& l : lines) out += (out.empty() ? "" : "\n") + l;
+  return out;
 }
 
 std::vector<std::array<std::string, 3>> config_reference() {

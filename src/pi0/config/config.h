@@ -109,6 +109,7 @@ struct DatasetConfig {
   std::string action_key;                    // empty = format default
   std::string prompt;                        // empty = from the file's attributes
   std::string adapt_to_pi = "auto";          // auto | true | false; auto = true for aloha, false for libero
+  std::string flip_images = "auto";          // auto | true | false; auto = true for libero, false otherwise
 
   /// adapt_to_pi resolved against the format (auto → format == "aloha").
   bool adapt_to_pi_enabled() const { return adapt_to_pi == "auto" ? format == "aloha" : adapt_to_pi == "true"; }
@@ -122,6 +123,8 @@ struct DatasetConfig {
     v("action_key", action_key, "dataset key of the actions; empty = format default");
     v("prompt", prompt, "task instruction; empty = read from the file (e.g. LIBERO problem_info)");
     v("adapt_to_pi", adapt_to_pi, "ALOHA joint flips and gripper linear→angular as openpi trains (auto = on for aloha)");
+    v("flip_images", flip_images, "rotate frames 180° on read (auto = on for libero HDF5, whose frames are stored "
+                                  "upside down; off for aloha and lerobot)");
   }
 };
 
@@ -169,6 +172,7 @@ struct TrainConfig {
   double ema_decay = 0.99;
   int64_t max_nonfinite_skips = 0;
   int64_t log_interval = 100;
+  int64_t metrics_interval = 0;
   int64_t num_threads = 0;
 
   template <class V>
@@ -195,7 +199,8 @@ struct TrainConfig {
     v("clip_grad_norm", clip_grad_norm, "global gradient-norm clipping threshold; 0 = off");
     v("ema_decay", ema_decay, "EMA decay of the weights; 0 = no EMA");
     v("max_nonfinite_skips", max_nonfinite_skips, "optimizer steps with a non-finite loss/grad norm that may be skipped before the run stops");
-    v("log_interval", log_interval, "steps between progress lines and metrics records");
+    v("log_interval", log_interval, "steps between progress lines (and metrics records unless metrics_interval is set)");
+    v("metrics_interval", metrics_interval, "steps between metrics.jsonl records, each the mean over its steps; 0 = log_interval");
     v("num_threads", num_threads, "CPU threads of ATen, OpenMP and the BLAS together; 0 = OMP_NUM_THREADS, else every CPU this process may use (affinity-aware)");
   }
 };
@@ -262,8 +267,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const YAML::Node& root, const std::string& source, const std::vector<std::string>& overrides = {});
 /// Range and consistency checks; throws pi0::UserError ("train.batch_size must be > 0 (got 0)").
 void validate(const Config& config);
-/// The resolved config as YAML (round-trips through parse_config).
+/// The resolved config as YAML (round-trips through parse_config); numbers in their shortest round-trip form.
 YAML::Node to_yaml(const Config& config);
+/// The resolved config for a log: one YAML flow mapping per section ("train: {num_steps: 300, ...}"), wrapped at
+/// 118 columns, no final line break; parses back to the same config.
+std::string to_compact_text(const Config& config);
 /// Every key as (dotted key, default value as text, doc) in declaration order, for the reference docs.
 std::vector<std::array<std::string, 3>> config_reference();
 

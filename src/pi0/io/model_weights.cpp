@@ -361,10 +361,11 @@ std::string load_checkpoint_weights(model::Pi0Impl& model, const std::string& ch
   if (!ref->frozen_dtype.empty()) {
     const auto narrow = *scalar_type_from_dtype(ref->frozen_dtype);
     const std::set<std::string> from_base(base_report.loaded.begin(), base_report.loaded.end());
+    const auto narrow_size = static_cast<int64_t>(c10::elementSize(narrow));
     torch::NoGradGuard no_grad;
     for (auto& item : model.named_parameters()) {
       auto& p = item.value();
-      if (from_base.count(item.key()) && p.scalar_type() != narrow && c10::elementSize(narrow) < p.element_size())
+      if (from_base.count(item.key()) && p.scalar_type() != narrow && narrow_size < p.element_size())
         p.copy_(p.to(narrow));
     }
   }

@@ -19,6 +19,7 @@ data::DatasetOptions dataset_options(const config::Config& cfg) {
   o.action_key = d.action_key;
   o.prompt = d.prompt;
   o.adapt_to_pi = d.adapt_to_pi;
+  o.flip_images = d.flip_images;
   o.action_horizon = cfg.model.action_horizon;
   return o;
 }

@@ -226,8 +226,11 @@ std::string format_breakdown(const ParamBreakdown& b) {
   for (const auto& r : rows)
     for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
   std::ostringstream os;
+  // "memory" is defined here once for every place that quotes it (README, docs, --print-params, the training log):
+  // what stays allocated from one step to the next. Activations come and go within a step; planned separately.
   os << "parameters and persistent training memory (precision " << b.precision << ", EMA "
-     << (b.ema ? "on" : "off") << "; activations: --print-params adds them)\n";
+     << (b.ema ? "on" : "off") << "): memory = weights + grads + optimizer + ema + casts, held between steps; "
+     << "activations not included\n";
   for (size_t r = 0; r < rows.size(); ++r) {
     if (r + 1 == rows.size()) {
       size_t line = 0;

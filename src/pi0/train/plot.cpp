@@ -26,6 +26,7 @@ const std::map<char, std::array<uint8_t, 7>>& font() {
       {'8', {0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E}}, {'9', {0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C}},
       {'.', {0x00, 0x00, 0x00, 0x00, 0x00, 0x0C, 0x0C}}, {'-', {0x00, 0x00, 0x00, 0x1F, 0x00, 0x00, 0x00}},
       {'+', {0x00, 0x04, 0x04, 0x1F, 0x04, 0x04, 0x00}}, {' ', {0, 0, 0, 0, 0, 0, 0}},
+      {'(', {0x02, 0x04, 0x08, 0x08, 0x08, 0x04, 0x02}}, {')', {0x08, 0x04, 0x02, 0x02, 0x02, 0x04, 0x08}},
       {'_', {0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x1F}}, {'a', {0x00, 0x00, 0x0E, 0x01, 0x0F, 0x11, 0x0F}},
       {'b', {0x10, 0x10, 0x1E, 0x11, 0x11, 0x11, 0x1E}}, {'c', {0x00, 0x00, 0x0E, 0x10, 0x10, 0x11, 0x0E}},
       {'d', {0x01, 0x01, 0x0F, 0x11, 0x11, 0x11, 0x0F}}, {'e', {0x00, 0x00, 0x0E, 0x11, 0x1F, 0x10, 0x0E}},
@@ -139,11 +140,49 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
   return ticks;
 }
 
+Axis fit_axis(double lo, double hi, bool log, int target) {
+  Axis a;
+  if (!std::isfinite(lo) || !std::isfinite(hi) || hi < lo) lo = 0, hi = 1;
+  if (log && lo > 0) {
+    a.log = true;
+    // Candidates 1, 2, 5 × 10^k around the data (only 10^k when that would give too many ticks).
+    const int k0 = static_cast<int>(std::floor(std::log10(lo))) - 1, k1 = static_cast<int>(std::ceil(std::log10(hi))) + 1;
+    const std::vector<double> mantissas = k1 - k0 > 6 ? std::vector<double>{1} : std::vector<double>{1, 2, 5};
+    std::vector<double> candidates;
+    for (int k = k0; k <= k1; ++k)
+      for (double m : mantissas) candidates.push_back(m * std::pow(10.0, k));
+    const double eps = 1e-9;
+    a.lo = candidates.front(), a.hi = candidates.back();
+    for (double c : candidates)
+      if (c <= lo * (1 + eps)) a.lo = c;
+    for (auto it = candidates.rbegin(); it != candidates.rend(); ++it)
+      if (*it >= hi * (1 - eps) && *it > a.lo) a.hi = *it;
+    for (double c : candidates)
+      if (c >= a.lo && c <= a.hi) a.ticks.push_back(c);
+    return a;
+  }
+  if (hi == lo) {
+    const double pad = lo == 0 ? 1.0 : std::abs(lo) * 0.1;
+    lo -= pad, hi += pad;
+  }
+  const auto t = nice_ticks(lo, hi, target);
+  const double spacing = t.size() > 1 ? t[1] - t[0] : hi - lo;
+  const int64_t first = static_cast<int64_t>(std::floor(lo / spacing + 1e-9));
+  const int64_t last = static_cast<int64_t>(std::ceil(hi / spacing - 1e-9));
+  for (int64_t i = first; i <= last; ++i) a.ticks.push_back(static_cast<double>(i) * spacing);
+  a.lo = a.ticks.front(), a.hi = a.ticks.back();
+  return a;
+}
+
 Canvas plot_panels(const std::vector<PlotSeries>& panels, int width, int height, const std::string& x_label) {
   Canvas canvas(width, height);
   const Rgb axis{40, 40, 40}, grid{225, 225, 225};
   const int scale = 2, char_h = 7 * scale;
-  const int left = 12 * 6 * scale / 2 + 30, right = 20, top = 14, bottom = 2 * char_h + 26, gap = char_h + 30;
+  // Each panel's title sits in the row above its frame, never over its curve; between panels: the x tick labels of
+  // the upper one, then the title of the lower one.
+  const int title_h = char_h + 10;
+  const int left = 12 * 6 * scale / 2 + 30, right = 20, top = 6 + title_h, bottom = 2 * char_h + 26;
+  const int gap = char_h + 16 + title_h;
   const int n = std::max<int>(1, static_cast<int>(panels.size()));
   const int panel_h = (height - top - bottom - gap * (n - 1)) / n;
   PI0_CHECK(panel_h > 40 && width - left - right > 80, "plot_panels: canvas too small: ", width, "x", height);
@@ -154,10 +193,11 @@ Canvas plot_panels(const std::vector<PlotSeries>& panels, int width, int height,
     for (size_t i = 0; i < p.x.size() && i < p.y.size(); ++i)
       if (std::isfinite(p.x[i]) && std::isfinite(p.y[i])) xlo = std::min(xlo, p.x[i]), xhi = std::max(xhi, p.x[i]);
   if (!(xhi >= xlo)) xlo = 0, xhi = 1;
-  if (xhi == xlo) xlo -= 0.5, xhi += 0.5;
+  // Steps start at 1 (or wherever a resumed log starts): the axis starts at the tick below, 0 for a whole run.
+  const Axis xa = fit_axis(xlo, xhi, false, 8);
 
   const int x0 = left, x1 = width - right;
-  auto px = [&](double x) { return x0 + static_cast<int>(std::lround((x - xlo) / (xhi - xlo) * (x1 - x0))); };
+  auto px = [&](double x) { return x0 + static_cast<int>(std::lround((x - xa.lo) / (xa.hi - xa.lo) * (x1 - x0))); };
   for (int k = 0; k < static_cast<int>(panels.size()); ++k) {
     const auto& p = panels[k];
     const int y0 = top + k * (panel_h + gap), y1 = y0 + panel_h;
@@ -165,26 +205,21 @@ Canvas plot_panels(const std::vector<PlotSeries>& panels, int width, int height,
     for (size_t i = 0; i < p.x.size() && i < p.y.size(); ++i)
       if (std::isfinite(p.x[i]) && std::isfinite(p.y[i])) ylo = std::min(ylo, p.y[i]), yhi = std::max(yhi, p.y[i]);
     if (!(yhi >= ylo)) ylo = 0, yhi = 1;
-    if (yhi == ylo) {
-      const double pad = ylo == 0 ? 1.0 : std::abs(ylo) * 0.1;
-      ylo -= pad, yhi += pad;
-    }
-    const double ypad = (yhi - ylo) * 0.05;
-    ylo -= ypad, yhi += ypad;
-    auto py = [&](double y) { return y1 - static_cast<int>(std::lround((y - ylo) / (yhi - ylo) * (y1 - y0))); };
+    const Axis ya = fit_axis(ylo, yhi, p.log_y && ylo > 0, 5);
+    auto pos = [&](double y) { return ya.log ? std::log10(y) : y; };
+    const double plo = pos(ya.lo), phi = pos(ya.hi);
+    auto py = [&](double y) { return y1 - static_cast<int>(std::lround((pos(y) - plo) / (phi - plo) * (y1 - y0))); };
 
-    const auto yt = nice_ticks(ylo, yhi, 5);
-    const double yspacing = yt.size() > 1 ? yt[1] - yt[0] : 1.0;
-    for (double t : yt) {
+    const double yspacing = ya.ticks.size() > 1 ? ya.ticks[1] - ya.ticks[0] : 1.0;
+    for (double t : ya.ticks) {
       const int y = py(t);
       canvas.line(x0 + 1, y, x1 - 1, y, grid);
       canvas.line(x0 - 5, y, x0, y, axis);
-      const auto label = tick_label(t, yspacing);
+      const auto label = tick_label(t, ya.log ? t : yspacing);
       canvas.text(x0 - 8 - Canvas::text_width(label, scale), y - char_h / 2, label, axis, scale);
     }
-    const auto xt = nice_ticks(xlo, xhi, 6);
-    const double xspacing = xt.size() > 1 ? xt[1] - xt[0] : 1.0;
-    for (double t : xt) {
+    const double xspacing = xa.ticks.size() > 1 ? xa.ticks[1] - xa.ticks[0] : 1.0;
+    for (double t : xa.ticks) {
       const int x = px(t);
       canvas.line(x, y0 + 1, x, y1 - 1, grid);
       canvas.line(x, y1, x, y1 + 5, axis);
@@ -205,7 +240,7 @@ Canvas plot_panels(const std::vector<PlotSeries>& panels, int width, int height,
       else canvas.line(x, y, x, y, p.color, 2);
       prev_x = x, prev_y = y, have_prev = true;
     }
-    canvas.text(x0 + 10, y0 + 8, p.title, p.color, scale);
+    canvas.text(x0, y0 - char_h - 6, ya.log ? p.title + " (log scale)" : p.title, p.color, scale);
   }
   canvas.text((x0 + x1 - Canvas::text_width(x_label, scale)) / 2, height - char_h - 6, x_label, axis, scale);
   return canvas;

@@ -23,7 +23,7 @@ class Canvas {
   void set(int x, int y, Rgb c);  ///< ignores points outside the canvas
   void line(int x0, int y0, int x1, int y1, Rgb c, int thickness = 1);
   void rect(int x0, int y0, int x1, int y1, Rgb c);  ///< outline
-  /// Text in the 5×7 font (digits, '.', '-', '+', space and the letters a-z used by labels; other characters
+  /// Text in the 5×7 font (digits, '.', '-', '+', '(', ')', space and the letters a-z used by labels; other characters
   /// draw as a box), top-left at (x, y), each font pixel drawn as scale×scale.
   void text(int x, int y, const std::string& s, Rgb c, int scale = 2);
   static int text_width(const std::string& s, int scale = 2);
@@ -35,17 +35,31 @@ class Canvas {
 
 /// One panel of a stacked plot: a y-series against x (non-finite points break the line).
 struct PlotSeries {
-  std::string title;  ///< drawn in the panel's top-left corner, e.g. "loss"
+  std::string title;  ///< drawn above the panel's frame, left-aligned, e.g. "loss"
   std::vector<double> x, y;
   Rgb color;
+  /// Logarithmic y axis (a loss falling by 10x keeps its shape after the first steps); used only when every
+  /// finite y is > 0, else the axis stays linear.
+  bool log_y = false;
 };
 
-/// Panels stacked vertically, each with a frame, 4–6 y ticks with labels, x ticks with labels and a polyline;
-/// `x_label` under the last panel. An empty series draws an empty frame.
+/// Panels stacked vertically, each with its title above a frame, y ticks with labels, x ticks with labels and a
+/// polyline; `x_label` under the last panel. Both axes end on ticks (fit_axis). An empty series draws an empty frame.
 Canvas plot_panels(const std::vector<PlotSeries>& panels, int width, int height, const std::string& x_label);
 
-/// Tick positions covering [lo, hi] with a 1/2/5×10^k spacing, about `target` of them.
+/// Tick positions covering [lo, hi] with a 1/2/2.5/5×10^k spacing, about `target` of them.
 std::vector<double> nice_ticks(double lo, double hi, int target = 5);
+
+/// An axis range and its ticks. The range is widened to the ticks just outside the data, so the first and last
+/// ticks sit on the frame and every value, the smallest and largest included, lies between two labelled ticks.
+struct Axis {
+  double lo = 0, hi = 1;
+  bool log = false;           ///< positions are log10(value)
+  std::vector<double> ticks;  ///< ascending; ticks.front() == lo and ticks.back() == hi
+};
+/// The axis for data in [lo, hi] (finite, lo <= hi): linear with about `target` nice_ticks, or with `log` (and
+/// lo > 0) at 1, 2, 5 × 10^k (only 10^k over more than 4 decades).
+Axis fit_axis(double lo, double hi, bool log, int target = 5);
 
 /// PNG bytes (8-bit RGB, no interlace, filter 0, zlib-compressed IDAT).
 std::vector<uint8_t> encode_png(const Canvas& canvas);

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "pi0/common/check.h"
+#include "pi0/common/strings.h"
 #include "pi0/distributed/shard_layout.h"
 #include "pi0/model/model_config.h"
 #include "pi0/train/trainer.h"
@@ -129,6 +130,15 @@ std::string format_rank_memory(const RankMemory& m) {
         m.shard == "gradients" ? "at most: other ranks' gradient pieces being reduced"
                                : "at most: a bucket being packed while its gradients still exist");
   return out;
+}
+
+std::string format_held_state(int64_t rank, int64_t world_size, int64_t optimizer_bytes, int64_t ema_bytes,
+                              int64_t grad_bytes, const std::string& shard) {
+  // Readable units first; the exact counts after them are what --print-params --world-size plans (and tests compare).
+  return "rank " + std::to_string(rank) + " of " + std::to_string(world_size) + " holds " +
+         human_bytes(optimizer_bytes) + " of AdamW state, " + human_bytes(ema_bytes) + " of EMA and " +
+         human_bytes(grad_bytes) + " of gradients (" + std::to_string(optimizer_bytes) + ", " +
+         std::to_string(ema_bytes) + " and " + std::to_string(grad_bytes) + " bytes; dist.shard=" + shard + ")";
 }
 
 }  // namespace pi0::train

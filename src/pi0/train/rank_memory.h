@@ -69,4 +69,9 @@ nlohmann::json rank_memory_json(const RankMemory& m);
 /// Aligned text block, memory in GiB: one line per term, then the persistent total.
 std::string format_rank_memory(const RankMemory& m);
 
+/// The log line of what one rank of a multi-process run holds, measured from its tensors: "rank 1 of 2 holds 1.18 MiB
+/// of AdamW state, 604 KiB of EMA and 1.18 MiB of gradients (1234567, 617284 and 1234567 bytes; dist.shard=gradients)".
+std::string format_held_state(int64_t rank, int64_t world_size, int64_t optimizer_bytes, int64_t ema_bytes,
+                              int64_t grad_bytes, const std::string& shard);
+
 }  // namespace pi0::train

@@ -33,6 +33,7 @@
 #include "pi0/train/checkpoint_dir.h"
 #include "pi0/train/lr_schedule.h"
 #include "pi0/train/metrics.h"
+#include "pi0/train/rank_memory.h"
 #include "pi0/train/signals.h"
 #include "pi0/train/trainer_state.h"
 
@@ -475,18 +476,55 @@ int64_t Trainer::run() {
     remove_stale_temp_checkpoints(ck.run_dir);
     write_file_atomic(fs::path(ck.run_dir) / "config.yaml", YAML::Dump(config::to_yaml(cfg_)) + "\n");
     metrics.emplace((fs::path(ck.run_dir) / "metrics.jsonl").string(), step_ + 1);
-    spdlog::info("training {} steps from step {}: global batch {} = {} per rank × {} ranks × {} accumulation steps, "
-                 "{} samples in the dataset, device {}",
-                 t.num_steps, step_, t.batch_size, local_batch(), options_.world_size, t.grad_accum_steps,
-                 data_.dataset->size(), device_.str());
+    if (step_ < t.num_steps) {
+      spdlog::info("training steps {}–{}: global batch {} = {} per rank × {} ranks × {} accumulation steps, "
+                   "{} samples in the dataset, device {}",
+                   step_ + 1, t.num_steps, t.batch_size, local_batch(), options_.world_size, t.grad_accum_steps,
+                   data_.dataset->size(), device_.str());
+    }
   }
 
-  auto interval_start = Clock::now();
-  double interval_cpu_start = thread_cpu_seconds();
+  // Progress lines every train.log_interval steps; metrics records every train.metrics_interval steps (0: the
+  // same), each the mean over its own interval.
+  struct Interval {
+    Clock::time_point start = Clock::now();
+    double cpu_start = thread_cpu_seconds();
+    double loss = 0;
+    int64_t steps = 0;
+    distributed::GradReducerStats comm_start;  // reducer statistics at the start of the interval
+  };
+  const int64_t record_interval = t.metrics_interval > 0 ? t.metrics_interval : t.log_interval;
+  Interval log_iv, record_iv;
   const int64_t first_step = step_;
-  double interval_loss = 0;
-  int64_t interval_steps = 0;
-  distributed::GradReducerStats interval_comm_start;  // reducer statistics at the start of the log interval
+  // The record of an interval that ends now (collective when data-parallel: every rank calls it at the same steps).
+  auto close_interval = [&](Interval& iv, double lr, double grad_norm) {
+    double mean_loss = iv.loss / static_cast<double>(iv.steps);
+    if (pg_) {  // the logged loss is the mean over ranks
+      auto l = torch::tensor({mean_loss}, torch::kFloat64);
+      pg_->all_reduce_sum(l, "loss logging");
+      mean_loss = l.item<double>() / static_cast<double>(options_.world_size);
+    }
+    const double elapsed = std::chrono::duration<double>(Clock::now() - iv.start).count();
+    const double step_time = elapsed / static_cast<double>(iv.steps);
+    const double step_cpu = (thread_cpu_seconds() - iv.cpu_start) / static_cast<double>(iv.steps);
+    std::map<std::string, double> record = {{"loss", mean_loss},
+                                            {"grad_norm", grad_norm},
+                                            {"lr", lr},
+                                            {"samples_per_s", static_cast<double>(t.batch_size) / step_time},
+                                            {"step_time_s", step_time},
+                                            {"step_cpu_s", step_cpu}};
+    if (const auto* stats = reducer_stats()) {
+      // Per step: the gradient all-reduce span (first bucket launched → last done) and the part of it backward
+      // did not hide (time in wait()).
+      const auto& c = *stats;
+      const double n = static_cast<double>(std::max<int64_t>(c.steps - iv.comm_start.steps, 1));
+      record["comm_s"] = (c.comm_seconds - iv.comm_start.comm_seconds) / n;
+      record["comm_exposed_s"] = (c.wait_seconds - iv.comm_start.wait_seconds) / n;
+    }
+    iv = Interval();
+    if (const auto* stats = reducer_stats()) iv.comm_start = *stats;
+    return record;
+  };
 
   while (step_ < t.num_steps) {
     const double lr = warmup_cosine_lr(step_, t.lr_warmup_steps, t.lr_peak, t.lr_decay_steps, t.lr_end);
@@ -500,60 +538,38 @@ int64_t Trainer::run() {
       continue;
     }
     ++step_;
-    interval_loss += loss_value;
-    ++interval_steps;
-    if (step_ == first_step + 1) {
-      // What each rank holds, measured from its tensors (what dist.shard and --print-params --world-size plan).
+    for (Interval* iv : {&log_iv, &record_iv}) iv->loss += loss_value, ++iv->steps;
+    if (step_ == first_step + 1 && pg_) {
+      // What each rank holds, measured from its tensors (what dist.shard and --print-params --world-size plan); a
+      // single process holds what --print-params says.
       const auto held = rank_state_bytes();
-      std::vector<torch::Tensor> all{torch::tensor({held.optimizer, held.ema, held.grads}, torch::kInt64)};
-      if (pg_) all = pg_->all_gather(all[0], "gather of the per-rank state sizes");
+      const auto all = pg_->all_gather(torch::tensor({held.optimizer, held.ema, held.grads}, torch::kInt64),
+                                       "gather of the per-rank state sizes");
       for (size_t r = 0; rank0 && r < all.size(); ++r) {
-        spdlog::info("rank {} of {} holds {} bytes of AdamW state, {} of EMA and {} of gradients (dist.shard={})", r,
-                     options_.world_size, all[r][0].item<int64_t>(), all[r][1].item<int64_t>(),
-                     all[r][2].item<int64_t>(), cfg_.dist.shard);
+        spdlog::info("{}", format_held_state(static_cast<int64_t>(r), options_.world_size, all[r][0].item<int64_t>(),
+                                             all[r][1].item<int64_t>(), all[r][2].item<int64_t>(), cfg_.dist.shard));
       }
     }
 
-    if (step_ % t.log_interval == 0 || step_ == t.num_steps) {
-      double mean_loss = interval_loss / static_cast<double>(interval_steps);
-      if (pg_) {  // the logged loss is the mean over ranks
-        auto l = torch::tensor({mean_loss}, torch::kFloat64);
-        pg_->all_reduce_sum(l, "loss logging");
-        mean_loss = l.item<double>() / static_cast<double>(options_.world_size);
-      }
-      const double elapsed = std::chrono::duration<double>(Clock::now() - interval_start).count();
-      const double step_time = elapsed / static_cast<double>(interval_steps);
-      const double step_cpu = (thread_cpu_seconds() - interval_cpu_start) / static_cast<double>(interval_steps);
-      const double samples_per_s = static_cast<double>(t.batch_size) / step_time;
-      const double eta = step_time * static_cast<double>(t.num_steps - step_);
-      std::map<std::string, double> record = {{"loss", mean_loss},
-                                              {"grad_norm", grad_norm},
-                                              {"lr", lr},
-                                              {"samples_per_s", samples_per_s},
-                                              {"step_time_s", step_time},
-                                              {"step_cpu_s", step_cpu}};
-      if (const auto* stats = reducer_stats()) {
-        // Per step: the gradient all-reduce span (first bucket launched → last done) and the part of it backward
-        // did not hide (time in wait()).
-        const auto& c = *stats;
-        const double n = static_cast<double>(std::max<int64_t>(c.steps - interval_comm_start.steps, 1));
-        record["comm_s"] = (c.comm_seconds - interval_comm_start.comm_seconds) / n;
-        record["comm_exposed_s"] = (c.wait_seconds - interval_comm_start.wait_seconds) / n;
-        interval_comm_start = c;
-      }
+    const bool last = step_ == t.num_steps;
+    std::optional<std::map<std::string, double>> record;
+    if (step_ % record_interval == 0 || last) {
+      record = close_interval(record_iv, lr, grad_norm);
+      if (rank0) metrics->write(step_, *record);
+    }
+    if (step_ % t.log_interval == 0 || last) {
+      const auto line = record_interval == t.log_interval ? *record : close_interval(log_iv, lr, grad_norm);
+      if (record_interval == t.log_interval) log_iv = Interval();
       if (rank0) {
         // Slow runs (a full-size model on a CPU) read better in seconds per step than in "0.0 samples/s".
+        const double samples_per_s = line.at("samples_per_s"), step_time = line.at("step_time_s");
         char speed[48];
         if (samples_per_s < 0.1) std::snprintf(speed, sizeof speed, "%.1f s/step", step_time);
         else std::snprintf(speed, sizeof speed, "%.1f samples/s", samples_per_s);
         spdlog::info("step {}/{} | loss {:.4f} | grad_norm {:.3f} | lr {:.2e} | {} | ETA {}", step_, t.num_steps,
-                     mean_loss, grad_norm, lr, speed, format_duration(eta));
-        metrics->write(step_, record);
+                     line.at("loss"), grad_norm, lr, speed,
+                     format_duration(step_time * static_cast<double>(t.num_steps - step_)));
       }
-      interval_start = Clock::now();
-      interval_cpu_start = thread_cpu_seconds();
-      interval_loss = 0;
-      interval_steps = 0;
     }
     if (step_ % ck.save_interval == 0 || (step_ == t.num_steps && options_.final_checkpoint) || stop) save_checkpoint();
     if (stop) {

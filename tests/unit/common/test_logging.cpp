@@ -1,7 +1,12 @@
 // Log hygiene (issue 11): repeated warnings said once then counted, values quoted short, raw bytes escaped.
 #include <catch2/catch.hpp>
 
+#include <regex>
+
+#include <spdlog/pattern_formatter.h>
+
 #include "pi0/common/log_line.h"
+#include "pi0/common/logging.h"
 #include "pi0/common/strings.h"
 #include "support/log_capture.h"
 
@@ -39,3 +44,34 @@ TEST_CASE("warn_once: a repeated warning is logged once, then counted at powers 
   CHECK(log.text().find('\x87') == std::string::npos);
 }
 
+
+TEST_CASE("every program's log lines: date, time to the second, level, message", "[unit][common]") {
+  // What app::run_app installs for every program (pi0-train adds the rank of a multi-process run).
+  auto format = [](const std::string& pattern, spdlog::level::level_enum level) {
+    spdlog::pattern_formatter f(pattern);
+    spdlog::details::log_msg msg("pi0", level, "hello");
+    spdlog::memory_buf_t out;
+    f.format(msg, out);
+    return std::string(out.data(), out.size());
+  };
+  CHECK(std::regex_match(format(log_pattern(), spdlog::level::info),
+                         std::regex(R"(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] info hello\r?\n)")));
+  CHECK(std::regex_match(format(log_pattern(3), spdlog::level::warn),
+                         std::regex(R"(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] \[rank 3\] warning hello\r?\n)")));
+}
+
+TEST_CASE("human_bytes and shortest_double: what log lines and config files show", "[unit][common]") {
+  CHECK(human_bytes(0) == "0 B");
+  CHECK(human_bytes(1023) == "1023 B");
+  CHECK(human_bytes(1536) == "1.50 KiB");
+  CHECK(human_bytes(12 * 1024 * 1024 + 300 * 1024) == "12.3 MiB");
+  CHECK(human_bytes(int64_t{13979} << 20) == "13.7 GiB");
+  CHECK(human_bytes(int64_t{300} << 30) == "300 GiB");
+  CHECK(shortest_double(0.95) == "0.95");
+  CHECK(shortest_double(2.5e-5) == "2.5e-05");
+  CHECK(shortest_double(1.0) == "1.0");
+  CHECK(shortest_double(-3.0) == "-3.0");
+  CHECK(shortest_double(0.1 + 0.2) == "0.30000000000000004");  // exact: shortest, never rounded away
+  for (double v : {0.95, 1e-8, 0.99, 2.5e-6, 1.0 / 3, 6.02214076e23})
+    CHECK(std::stod(shortest_double(v)) == v);
+}

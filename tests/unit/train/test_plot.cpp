@@ -1,0 +1,76 @@
+// pi0-plot's axes (issue 27): both axes end on labelled ticks that enclose the data (a falling loss never drops
+// below the lowest tick, steps start at a 0 tick), loss on a log scale, and panel titles above the frames, never
+// over a curve.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "pi0/train/plot.h"
+
+using namespace pi0::train;
+
+TEST_CASE("fit_axis: linear axes start and end on ticks enclosing the data", "[unit][train]") {
+  // The quickstart's steps (records from step 1, or from 20 with log_interval 20): the axis starts at a 0 tick.
+  for (double first : {1.0, 20.0}) {
+    const auto a = fit_axis(first, 300, false, 8);
+    CHECK(a.lo == 0);
+    CHECK(a.hi == 300);
+    REQUIRE(a.ticks.size() >= 4);
+    CHECK(a.ticks.front() == a.lo);
+    CHECK(a.ticks.back() == a.hi);
+  }
+  const auto lr = fit_axis(4.5e-5, 1e-3, false, 5);
+  CHECK(lr.lo == 0);
+  CHECK(lr.hi == Approx(1e-3));
+  CHECK_FALSE(lr.log);
+  const auto flat = fit_axis(2.0, 2.0, false, 5);
+  CHECK(flat.lo < 2.0);
+  CHECK(flat.hi > 2.0);
+}
+
+TEST_CASE("fit_axis: log axes tick at 1, 2, 5 x 10^k and reach below the smallest value", "[unit][train]") {
+  // The quickstart's loss: 1.675 -> 0.109. The old linear axis's lowest tick was 0.5, above the final loss.
+  const auto a = fit_axis(0.109, 1.675, true, 5);
+  CHECK(a.log);
+  REQUIRE(a.ticks.size() == 5);
+  const std::vector<double> want = {0.1, 0.2, 0.5, 1, 2};
+  for (size_t i = 0; i < want.size(); ++i) CHECK(a.ticks[i] == Approx(want[i]));
+  CHECK(a.lo <= 0.109);
+  CHECK(a.hi >= 1.675);
+  // Over many decades only powers of ten; a value on a tick is its own end.
+  const auto wide = fit_axis(3e-7, 40, true, 5);
+  CHECK(wide.lo == Approx(1e-7));
+  CHECK(wide.hi == Approx(100));
+  for (double t : wide.ticks) CHECK(std::abs(std::log10(t) - std::round(std::log10(t))) < 1e-9);
+  const auto exact = fit_axis(0.5, 0.5, true, 5);
+  CHECK(exact.lo == Approx(0.5));
+  CHECK(exact.hi > 0.5);
+  // Not positive: stays linear.
+  CHECK_FALSE(fit_axis(0.0, 1.0, true, 5).log);
+}
+
+TEST_CASE("plot_panels: each panel's title sits above its frame, not over its curve", "[unit][train]") {
+  const Rgb blue{31, 119, 180}, axis{40, 40, 40};
+  // A curve that starts in the frame's top-left corner, where the title used to be drawn.
+  PlotSeries s{"learning rate", {}, {}, blue};
+  for (int x = 0; x <= 100; ++x) s.x.push_back(x), s.y.push_back(100 - x);
+  const auto c = plot_panels({s}, 600, 400, "step");
+  // The frame's top edge: the first row with a long run of the axis colour.
+  int top = -1;
+  for (int y = 0; y < c.height() && top < 0; ++y) {
+    int run = 0;
+    for (int x = 0; x < c.width(); ++x) {
+      const auto p = c.pixel(x, y);
+      run = (p.r == axis.r && p.g == axis.g && p.b == axis.b) ? run + 1 : 0;
+      if (run > 300) top = y;
+    }
+  }
+  REQUIRE(top > 0);
+  int title_pixels = 0;
+  for (int y = 0; y < top; ++y)
+    for (int x = 0; x < c.width(); ++x) {
+      const auto p = c.pixel(x, y);
+      title_pixels += p.r == blue.r && p.g == blue.g && p.b == blue.b;
+    }
+  CHECK(title_pixels > 100);  // "learning rate" in the 5x7 font at scale 2
+}
