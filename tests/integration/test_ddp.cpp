@@ -23,6 +23,7 @@
 #include "pi0/io/sharded_state.h"
 #include "pi0/train/checkpoint_dir.h"
 #include "pi0/train/metrics.h"
+#include "support/app_process.h"
 #include "support/distributed_support.h"
 #include "support/test_support.h"
 
@@ -213,6 +214,7 @@ std::array<int64_t, 3> held_bytes(const std::string& log, int rank, int world) {
 }  // namespace
 
 TEST_CASE("ddp: two ranks with batch b match one rank with batch 2b", "[dist][integration]") {
+  if (!pi0::testing::apps_built({"pi0-train", "pi0-make-example-data", "pi0-norm-stats"})) return;
   TempDir dir("pi0ddp_eq");
   const int64_t steps = 6;
   const auto t0 = Clock::now();
@@ -237,6 +239,7 @@ TEST_CASE("ddp: two ranks with batch b match one rank with batch 2b", "[dist][in
 
 TEST_CASE("ddp: a killed rank makes the other fail within dist.timeout_s and leaves the checkpoints intact",
           "[dist][shard][integration]") {
+  if (!pi0::testing::apps_built({"pi0-train", "pi0-make-example-data", "pi0-norm-stats"})) return;
   const std::string shard = GENERATE("none", "gradients");
   INFO("dist.shard=" << shard);
   TempDir dir("pi0ddp_kill");
@@ -274,6 +277,7 @@ TEST_CASE("ddp: a killed rank makes the other fail within dist.timeout_s and lea
 }
 
 TEST_CASE("ddp: resuming a two-rank run is exact", "[dist][integration]") {
+  if (!pi0::testing::apps_built({"pi0-train", "pi0-make-example-data", "pi0-norm-stats"})) return;
   TempDir dir("pi0ddp_resume");
   const auto t0 = Clock::now();
   run_ranks(train_args(dir.str("full"), 4, {}), 2, dir.str("full_rank"));
@@ -296,6 +300,7 @@ TEST_CASE("ddp: resuming a two-rank run is exact", "[dist][integration]") {
 }
 
 TEST_CASE("ddp: sharded optimizer state and gradients match one rank with the double batch", "[dist][shard][integration]") {
+  if (!pi0::testing::apps_built({"pi0-train", "pi0-make-example-data", "pi0-norm-stats"})) return;
   // Per group of settings: one rank with batch 2b, two ranks with batch b unsharded ("plain") and sharded.
   // Against the unsharded two-rank run sharding must change nothing: the same gradients (a sum of two values does not
   // depend on its order) and the same element-wise AdamW. The one exception is shard=gradients with accumulation,
@@ -409,6 +414,7 @@ TEST_CASE("ddp: sharded optimizer state and gradients match one rank with the do
 }
 
 TEST_CASE("ddp: a sharded checkpoint resumes at the same world size exactly and at another closely", "[dist][shard][integration]") {
+  if (!pi0::testing::apps_built({"pi0-train", "pi0-make-example-data", "pi0-norm-stats"})) return;
   TempDir dir("pi0ddp_reshard");
   const std::vector<std::string> sets = {"dist.shard=gradients", "train.ema_decay=0.9", "checkpoint.save_interval=2"};
   run_ranks(train_args(dir.str("full"), 4, sets), 2, dir.str("full_rank"));

@@ -5,6 +5,7 @@
 #include "pi0/common/check.h"
 #include "pi0/model/pi0.h"
 #include "pi0/nn/attention_mask.h"
+#include "support/skip.h"
 #include "support/test_support.h"
 
 using namespace pi0;
@@ -33,7 +34,7 @@ TEST_CASE("model.attention names are checked", "[unit][model]") {
 
 TEST_CASE("SDPA attention equals the explicit path (loss, gradients and sampling within 1e-5 in float32)", "[unit][model]") {
   if (!sdpa_available()) {
-    WARN("skipped: LibTorch " TORCH_VERSION " has no scaled_dot_product_attention with a scale (needs >= 2.1)");
+    testing::skip("LibTorch " TORCH_VERSION " has no scaled_dot_product_attention with a scale (needs >= 2.1)");
     return;
   }
   for (bool pi05 : {false, true}) {
