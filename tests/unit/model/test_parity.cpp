@@ -7,11 +7,14 @@
 
 #include <cstdio>
 
+#include <torch/version.h>
+
 #include "pi0/config/config.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/model/model_config.h"
 #include "pi0/nn/attention_mask.h"
+#include "support/cpu_features.h"
 #include "support/openpi_fixture.h"
 
 using namespace pi0;
@@ -122,6 +125,12 @@ void check_parity(const std::string& name, torch::ScalarType dtype, double tol) 
   auto m = make_model(f, f.weights);
   m->set_compute_dtype(dtype);
   const auto ours = compute_all(*m, f);
+  // Which kernels LibTorch picks depends on the CPU; the numbers must not (nn/matmul.h), and a report says where
+  // they were measured.
+  const std::string cpu = testing::cpu_features();
+  std::printf("parity %s %s on %s, LibTorch %s\n", name.c_str(), dtype == torch::kFloat32 ? "float32" : "bf16",
+              cpu.c_str(), TORCH_VERSION);
+  INFO("CPU: " << cpu << ", LibTorch " TORCH_VERSION);
   // The masks and positions are exact.
   CHECK(torch::equal(ours.at("input_mask"), f.outputs.at("input_mask").to(torch::kBool)));
   CHECK(torch::equal(ours.at("ar_mask"), f.outputs.at("ar_mask").to(torch::kBool)));
