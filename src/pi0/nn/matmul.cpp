@@ -18,6 +18,8 @@ struct Float32Matmul : torch::autograd::Function<Float32Matmul> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b,
                                const c10::optional<torch::Tensor>& bias) {
     ctx->save_for_backward({a, b});
+    // needs_input_grad counts tensor inputs only: an absent bias has no index.
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     auto y = torch::matmul(f32(a), f32(b));
     if (bias && bias->defined()) y.add_(f32(*bias));
     return y.to(a.scalar_type());
@@ -31,7 +33,7 @@ struct Float32Matmul : torch::autograd::Function<Float32Matmul> {
     torch::Tensor ga, gb, gbias;
     if (ctx->needs_input_grad(0)) ga = torch::matmul(g, f32(b).transpose(-1, -2)).to(a.scalar_type());
     if (ctx->needs_input_grad(1)) gb = torch::matmul(f32(a).transpose(-1, -2), g).to(b.scalar_type());
-    if (ctx->needs_input_grad(2)) gbias = g.reshape({-1, g.size(-1)}).sum(0).to(a.scalar_type());
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) gbias = g.reshape({-1, g.size(-1)}).sum(0).to(a.scalar_type());
     return {ga, gb, gbias};
   }
 };
@@ -56,7 +58,9 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const torch
   }
   auto out_sizes = x.sizes().vec();
   out_sizes.back() = w.size(0);
-  return Float32Matmul::apply(x.reshape({-1, x.size(-1)}), w.t(), bias).view(out_sizes);
+  // As an optional: apply() takes a plain Tensor argument for a variable, and an undefined one is none.
+  const c10::optional<torch::Tensor> b = bias.defined() ? c10::optional<torch::Tensor>(bias) : c10::nullopt;
+  return Float32Matmul::apply(x.reshape({-1, x.size(-1)}), w.t(), b).view(out_sizes);
 }
 
 torch::Tensor conv2d(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias, int64_t stride) {
