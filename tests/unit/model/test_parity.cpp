@@ -125,8 +125,9 @@ std::map<std::string, double> errors(const std::map<std::string, torch::Tensor>&
 // probabilities, GeGLU). Each rounding is a relative error of at most u with a sign of its own, so they add in
 // quadrature: the deepest outputs (v_t, the loss, sampled actions) cross R = 16 stream roundings (2 SigLIP and
 // 4 Gemma layers with two residual additions each, the embeddings, the projector and the output projection), and
-// λ·√R·u with λ = 2 is 8u = 2⁻⁵. Measured on openpi's float32 numbers: at most 1.7e-2 (pi0 prefix_out, AVX2 EPYC);
-// a bf16-summing matmul on the same CPU gave 1.8e-1. Float32 (u = 2⁻²⁴) leaves the fixtures' own 1e-5 agreement
+// λ·√R·u with λ = 2 is 8u = 2⁻⁵. Measured against openpi's float32 numbers (AMD EPYC with AVX2, no AVX-512,
+// LibTorch 1.13): at most 1.65e-2 (pi0.5 prefix_out; pi0 1.34e-2, prefix_kv_k), where bf16-summing matmuls on the
+// same CPU gave up to 1.97e-1. Float32 (u = 2⁻²⁴) leaves the fixtures' own 1e-5 agreement
 // (their README) with 10x margin: 1e-4.
 constexpr double kBf16Tolerance = 0x1p-5;
 
