@@ -213,8 +213,8 @@ constexpr double kLossToleranceFloat32 = 1e-5;
 // bf16 compute: every activation is rounded to bf16, so where the two orders' float32 sums straddle a rounding
 // boundary the runs hold values one ulp (2u) apart, and those flips propagate: the two losses agree to bf16's
 // resolution, u = 3.9e-3 relative, not to float32's. (Sample-level mistakes, a rank reading the other's samples,
-// move the loss by its spread over samples, tens of percent.) Measured 3.3e-5 with float32 accumulation; it was
-// 1e-5-flaky only while LibTorch 1.13 summed bf16 matmuls in bf16 on AVX2 CPUs (nn/matmul.h).
+// move the loss by its spread over samples, tens of percent.) The former 1e-5 bound failed at 3.3e-5 (step 3) on an
+// AVX2 CPU where LibTorch 1.13 also summed the bf16 matmuls in bf16 (fixed in nn/matmul.h).
 constexpr double kLossToleranceBf16 = 0x1p-8;
 
 /// "rank R of W holds X bytes of AdamW state, Y of EMA and Z of gradients", which rank 0 logs for every rank.
