@@ -116,8 +116,8 @@ int main(int argc, char** argv) {
   // First thing, as pi0-train: a SIGINT/SIGTERM during start-up (the bundle's load takes a while) sets the stop
   // flag instead of killing the process with no message, and one inherited as ignored (a background job of a
   // shell) is handled all the same. Serving hands both signals to the server's own handlers (Server::run).
-  pi0::train::install_stop_signal_handlers("\npi0-serve: stop requested; stopping before serving (send the signal "
-                                           "again to exit immediately)\n");
+  pi0::train::install_stop_signal_handlers("\npi0-serve: stop requested during start-up; exiting without serving "
+                                           "(send the signal again to exit immediately)\n");
   return pi0::app::run_app("pi0-serve", [&] {
     try {
       return serve_main(argc, argv);

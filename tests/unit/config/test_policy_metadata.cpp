@@ -65,7 +65,7 @@ TEST_CASE("policy metadata: what pi0-serve could not send is refused at config l
                       Contains("serve.policy_metadata.robot: 'robot' is a key pi0-serve's metadata sets itself"));
   REQUIRE_THROWS_WITH(parse("serve: {policy_metadata: {pose: [1, .inf]}}\n"),
                       Contains("serve.policy_metadata.pose[1] must be a finite number (got '.inf')"));
-  REQUIRE_THROWS_WITH(parse("serve: {policy_metadata: {pose: {[1]: 2}}}\n"),
+  REQUIRE_THROWS_WITH(parse("serve:\n  policy_metadata:\n    pose:\n      ? [1]\n      : 2\n"),
                       Contains("serve.policy_metadata.pose: a map key that is not a name"));
   REQUIRE_THROWS_WITH(parse("serve: {policy_metadata: {pose: 1}, extra: 2}\n"), Contains("unknown key 'serve.extra'"));
   REQUIRE_THROWS_WITH(parse("serve: {policy_metadata:}\n"), Contains("serve.policy_metadata has no value"));

@@ -500,9 +500,9 @@ TEST_CASE("pi0-serve: bad flags and bundles are one-line errors with exit code 2
 
 // Issue 23 item 6: the handlers are installed first thing, so a stop during start-up ends the process with exit 0
 // and a message instead of 143 with none; and a SIGINT inherited as ignored (a background job of a shell) is not
-// lost. The signal goes out at the first line the app prints before serving: its thread counts (start of main,
-// before the load) or, from a build that does not print those first, the load's warning about a bundle without
-// manifest.json. Before the fix: SIGTERM exited 143, SIGINT 130, the ignored SIGINT let the server start anyway.
+// lost. The signal goes out at the first line the app prints before serving: its thread counts (before the load)
+// or the load's warning about a bundle without manifest.json (printed first by builds without the thread line).
+// Before the fix: SIGTERM exited 143, SIGINT 130, and the ignored SIGINT let the server start anyway.
 TEST_CASE("pi0-serve: SIGTERM or an inherited-ignored SIGINT during the bundle's load exits 0 before serving", "[serve]") {
   TempDir dir("pi0serve");
   const auto b = make_tiny_bundle(dir, "libero");
