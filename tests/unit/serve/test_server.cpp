@@ -200,9 +200,9 @@ TEST_CASE("pi0-serve: a frame over max_frame_bytes gets the text frame and close
 
 TEST_CASE("pi0-serve metadata: ALOHA bundles carry openpi's reset_pose, the training config adds to it, --metadata "
           "overrides", "[serve]") {
-  TempDir dir("pi0serve");
+  TempDir dir("pi0serve"), dir_libero("pi0serve");  // one bundle per directory (each holds its run)
   const auto aloha = make_tiny_bundle(dir, "aloha");
-  const auto libero = make_tiny_bundle(dir, "libero");
+  const auto libero = make_tiny_bundle(dir_libero, "libero");
   const nlohmann::json openpi_reset_pose = {0, -1.5, 1.5, 0, 0, 0};  // openpi's pi0_aloha / pi05_aloha configs
   {
     LiveServer live(aloha, serve::Robot::kAloha);
@@ -393,9 +393,9 @@ std::string openpi_client_python(const TempDir& dir) {
 TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and aloha and droid and raw and exits 0 on SIGTERM", "[serve]") {
   TempDir dir("pi0serve");
   const std::string python = openpi_client_python(dir);
-  TempDir dir_libero("pi0serve_libero"), dir_aloha("pi0serve_aloha");
+  TempDir dir_libero("pi0serve_libero"), dir_bf16("pi0serve_bf16"), dir_aloha("pi0serve_aloha");
   const auto libero = make_tiny_bundle(dir_libero, "libero");
-  const auto libero_bf16 = make_tiny_bundle(dir_libero, "libero", torch::kBFloat16);
+  const auto libero_bf16 = make_tiny_bundle(dir_bf16, "libero", torch::kBFloat16);
   const auto aloha = make_tiny_bundle(dir_aloha, "aloha");
   struct Case {
     std::string robot;
