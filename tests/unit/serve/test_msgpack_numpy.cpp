@@ -235,7 +235,7 @@ TEST_CASE("decode_frame: malformed frames are one-line errors naming the key", "
   check_error(one_array("", {2}, f4), "dtype '' is not supported");
   check_error(one_array("|O", {1}, f4), "not supported");
   check_error(one_array("<U1", {2}, f4), "'x': ndarray of text (dtype '<U1') of shape [2], expected numbers or a single text");
-  check_error(one_array("<U2", {1}, std::string("\x00\xd8\x00\x00a\x00\x00\x00", 8)), "invalid code point 55296");
+  check_error(one_array("<U2", {1}, std::string("\x00\xd8\x00\x00" "a\x00\x00\x00", 8)), "invalid code point 55296");
   {
     msgpack::sbuffer b;
     Packer pk(b);
