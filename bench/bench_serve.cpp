@@ -140,12 +140,13 @@ int bench_main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);  // no per-connection lines in the tables
   const torch::Device device = app::parse_device("--device", a.device);
   io::Bundle bundle = bench_bundle(a.config, device);
+  bundle.dtype = a.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;  // activations; random weights stay float32
+  bundle.model->set_compute_dtype(bundle.dtype);
   const auto mo = bundle.model->options();
   const int64_t size = bundle.transform.image_size;
   serve::PolicyOptions po;
   po.robot = serve::Robot::kRaw;
   po.num_steps = a.num_steps;
-  po.compute_dtype = a.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
   po.noise = torch::randn({1, mo.action_horizon, mo.action_dim});
   serve::Policy policy(std::move(bundle), po);
   serve::ServerOptions so;

@@ -76,9 +76,7 @@ int infer_main(int argc, char** argv) {
                   "compute precision bf16 or f32 (default: the bundle's, i.e. bf16 for a bf16 export)")
     ->check(pi0::app::one_of({"bf16", "bfloat16", "f32", "float32"}));
   if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
-  std::optional<torch::ScalarType> dtype;
-  if (!args.dtype.empty())
-    dtype = args.dtype == "bf16" || args.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
+  const std::optional<torch::ScalarType> dtype = pi0::io::parse_compute_dtype(args.dtype);
   spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU
   const torch::Device device = pi0::app::parse_device("--device", args.device);
   const auto obs_tensors = pi0::io::read_safetensors(args.obs);  // read first: input errors before the (slow) model load

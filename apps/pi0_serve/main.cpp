@@ -1,27 +1,32 @@
 // pi0-serve: serves an inference bundle (pi0-export) to robot runtimes over openpi's websocket protocol.
 //   pi0-serve --bundle DIR [--host 0.0.0.0] [--port 8000] [--device cpu|cuda[:N]] [--robot libero|aloha|droid|raw]
-//             [--num-steps 10] [--dtype bf16|f32] [--api-key KEY] [--max-clients N] ...
+//             [--num-steps 10] [--dtype bf16|f32] [--api-key KEY] [--max-clients N] [--metadata key=json] ...
 // Protocol, profiles and errors: docs/serving.md. Flags and exit codes: pi0-serve --help.
 #include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "pi0/app/cli.h"
 #include "pi0/common/check.h"
+#include "pi0/common/interrupt.h"
+#include "pi0/common/threads.h"
 #include "pi0/io/bundle.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/serve/policy.h"
 #include "pi0/serve/server.h"
+#include "pi0/train/signals.h"
 
 namespace {
 
 struct Args {
   std::string bundle, host = "0.0.0.0", device = "cpu", robot = "libero", dtype, api_key, noise;
   std::optional<std::string> default_prompt;
-  int64_t port = 8000, num_steps = 10, max_clients = 64, max_batch = 0, io_threads = 2;
+  std::vector<std::string> metadata;
+  int64_t port = 8000, num_steps = 10, max_clients = 64, max_batch = 0, io_threads = 2, max_frame_mb = 256;
 };
 
 int serve_main(int argc, char** argv) {
@@ -37,14 +42,25 @@ int serve_main(int argc, char** argv) {
   cli->add_option("--robot", args.robot, "observation keys and action dims of the robot runtime: libero, aloha, "
                   "droid or raw (docs/serving.md)");
   cli->add_option("--num-steps", args.num_steps, "denoising steps")->check(pi0::app::int_in(1, 1000));
-  cli->add_option("--dtype", args.dtype, "activations: f32 (default on CPU) or bf16 (default on CUDA)")
-      ->check(pi0::app::one_of({"bf16", "f32"}));
+  cli->add_option("--dtype", args.dtype,
+                  "compute precision bf16 or f32 (default: the bundle's, i.e. bf16 for a bf16 export, as pi0-infer)")
+      ->check(pi0::app::one_of({"bf16", "bfloat16", "f32", "float32"}));
   cli->add_option("--api-key", args.api_key, "refuse clients without the header 'Authorization: Api-Key KEY'")
       ->check(pi0::app::non_empty());
   cli->add_option("--max-clients", args.max_clients, "connections served at once")->check(pi0::app::int_in(1, 100000));
   cli->add_option("--max-batch", args.max_batch, "requests per model call (0 = 1 on CPU, 8 on CUDA)")
       ->check(pi0::app::int_in(0, 1024));
   cli->add_option("--io-threads", args.io_threads, "network threads")->check(pi0::app::int_in(1, 256));
+  cli->add_option("--max-frame-mb", args.max_frame_mb,
+                  "largest observation frame in MiB; a larger one gets the error text frame and close 1011")
+      ->check(pi0::app::int_in(1, 4096));
+  cli->add_option("--metadata", args.metadata,
+                  "key=<JSON value> added to the metadata sent on connect, over the bundle's (e.g. "
+                  "reset_pose=[0,-1.5,1.5,0,0,0]; null removes a key); repeatable")
+      ->expected(1)
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->type_name("KEY=JSON");
   cli->add_option("--default-prompt", args.default_prompt, "task text for observations without 'prompt'");
   cli->add_option("--noise", args.noise,
                   "fixed initial noise [H,A] (key 'noise') for every request: deterministic answers (tests)")
@@ -53,13 +69,16 @@ int serve_main(int argc, char** argv) {
               "the flag or file).");
   if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
   const torch::Device device = pi0::app::parse_device("--device", args.device);
+  spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU, as pi0-infer: the same arithmetic
   pi0::serve::PolicyOptions po;
   po.robot = pi0::serve::parse_robot(args.robot);
   po.num_steps = args.num_steps;
   po.max_batch = args.max_batch;
   po.default_prompt = args.default_prompt;
-  const std::string dtype = args.dtype.empty() ? (device.is_cuda() ? "bf16" : "f32") : args.dtype;
-  po.compute_dtype = dtype == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  for (const auto& m : args.metadata) {
+    auto [key, value] = pi0::serve::parse_metadata_flag(m);
+    po.metadata[key] = value;
+  }
   if (!args.noise.empty()) {
     const auto nt = pi0::io::read_safetensors(args.noise);
     if (nt.count("noise")) po.noise = nt.at("noise");
@@ -72,10 +91,13 @@ int serve_main(int argc, char** argv) {
   so.api_key = args.api_key;
   so.max_clients = args.max_clients;
   so.io_threads = args.io_threads;
+  so.max_frame_bytes = static_cast<size_t>(args.max_frame_mb) << 20;
 
-  pi0::serve::Policy policy(pi0::io::load_bundle(args.bundle, device), po);
+  // The bundle's precision unless --dtype says otherwise: pi0-infer's rule, so both answer alike.
+  pi0::serve::Policy policy(pi0::io::load_bundle(args.bundle, device, pi0::io::parse_compute_dtype(args.dtype)), po);
   {
     pi0::serve::Server server(policy, so);
+    pi0::interruption_point();  // a SIGINT/SIGTERM during the load: stop before serving anyone
     const auto& md = policy.metadata();
     // One parseable line (tests and scripts wait for it), then the resolved settings.
     std::printf("pi0-serve: listening on ws://%s:%u\n", args.host.c_str(), static_cast<unsigned>(server.port()));
@@ -91,5 +113,18 @@ int serve_main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return pi0::app::run_app("pi0-serve", [&] { return serve_main(argc, argv); });
+  // First thing, as pi0-train: a SIGINT/SIGTERM during start-up (the bundle's load takes a while) sets the stop
+  // flag instead of killing the process with no message, and one inherited as ignored (a background job of a
+  // shell) is handled all the same. Serving hands both signals to the server's own handlers (Server::run).
+  pi0::train::install_stop_signal_handlers("\npi0-serve: stop requested during start-up; exiting without serving "
+                                           "(send the signal again to exit immediately)\n");
+  return pi0::app::run_app("pi0-serve", [&] {
+    try {
+      return serve_main(argc, argv);
+    } catch (const pi0::Interrupted&) {
+      std::cout.flush();
+      std::cerr << "pi0-serve: stopped before serving" << std::endl;
+      return 0;
+    }
+  });
 }

@@ -69,7 +69,7 @@ TEST_CASE("every app answers --help and --version with exit 0 and refuses unknow
   if (fs::exists(std::string(PI0_BINARY_DIR) + "/pi0-serve")) {
     apps.push_back({"pi0-serve", {"--bundle", "--host", "--port", "--device", "--robot", "--num-steps", "--dtype",
                                   "--api-key", "--max-clients", "--max-batch", "--io-threads", "--default-prompt",
-                                  "--noise"}});
+                                  "--noise", "--max-frame-mb", "--metadata"}});
   } else {
     testing::skip("pi0-serve is not built (no Boost/msgpack): its --help is not checked");
   }

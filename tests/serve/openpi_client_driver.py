@@ -5,8 +5,10 @@ openpi_client.websocket_client_policy.WebsocketClientPolicy, checks the answer's
   <out>/obs_<i>.safetensors     the same observation in pi0-infer's keys (converted here, independently of the server)
   <out>/prompt_<i>.txt          its prompt
   <out>/actions_<i>.safetensors the server's actions
-so the C++ test can run pi0-infer on them and compare. It also checks /healthz, the API key (when given) and that
-a bad observation raises the server's text in the client while the server keeps serving.
+so the C++ test can run pi0-infer on them and compare. It also checks /healthz, the API key (when given), the
+metadata keys given with --expect-metadata, that the prompt may come as str, bytes or a numpy text array (as openpi's
+transforms accept it) with the same answer, that a bad observation raises the server's text in the client while the
+server keeps serving, and with --oversize-mb that a frame over the server's limit raises its text too.
 Exit code 0 = every check passed; the first failed check is printed.
 """
 
@@ -113,6 +115,8 @@ def main():
     p.add_argument("--cases", type=int, default=3)
     p.add_argument("--api-key", default=None)
     p.add_argument("--raw-dims", type=int, default=8)
+    p.add_argument("--expect-metadata", default="{}", help="JSON map: keys the metadata must hold (null: must lack)")
+    p.add_argument("--oversize-mb", type=int, default=0, help="also send a frame of this many MiB, expecting a refusal")
     a = p.parse_args()
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -138,6 +142,11 @@ def main():
     horizon = md.get("action_horizon")
     check(isinstance(horizon, int) and horizon > 0, f"metadata action_horizon (got {md})")
     check(isinstance(md.get("config_id"), str) and md["config_id"], f"metadata config_id (got {md})")
+    for key, want in json.loads(a.expect_metadata).items():
+        if want is None:
+            check(key not in md, f"metadata has no {key!r} (got {md})")
+        else:
+            check(key in md and md[key] == want, f"metadata {key!r} == {want!r} (got {md.get(key)!r})")
 
     rng = np.random.default_rng(7)
     for i in range(a.cases):
@@ -153,6 +162,24 @@ def main():
         save_safetensors(out / f"obs_{i}.safetensors", model)
         save_safetensors(out / f"actions_{i}.safetensors", {"actions": actions})
         (out / f"prompt_{i}.txt").write_text(prompt)
+
+    # The prompt as openpi's transforms also take it: bytes (decoded), numpy text arrays (.item()) of str or bytes.
+    obs, _, prompt = make_case(a.robot, 0, np.random.default_rng(7))
+    first = np.frombuffer((out / "actions_0.safetensors").read_bytes()[-actions.nbytes:], dtype=np.float32)
+    for form in (prompt.encode(), np.array(prompt), np.array([prompt]), np.array(prompt.encode()), np.str_(prompt)):
+        got = client.infer({**obs, "prompt": form})["actions"]
+        check(np.array_equal(got.reshape(-1), first), f"prompt as {type(form).__name__} {getattr(form, 'dtype', '')} "
+              f"{getattr(form, 'shape', '')}: the answer of the str prompt")
+
+    if a.oversize_mb:
+        # Over the server's --max-frame-mb: the client raises the server's explanation, not a bare closed connection.
+        big = {**obs, "padding": np.zeros(a.oversize_mb << 20, dtype=np.uint8)}
+        try:
+            client.infer(big)
+            check(False, f"a frame of {a.oversize_mb} MiB is refused")
+        except RuntimeError as e:
+            check("Error in inference server" in str(e) and "frame larger than" in str(e), f"oversize text reaches the client (got {e!r})")
+        client = websocket_client_policy.WebsocketClientPolicy(host, a.port, api_key=a.api_key)
 
     # A bad observation: the client raises the server's one-line text; the server keeps serving.
     try:

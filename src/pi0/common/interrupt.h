@@ -1,7 +1,7 @@
 // Interruption points: long start-up work (building a model, reading weights) checks between units of work
 // whether the process was asked to stop, so a SIGINT/SIGTERM during a minute-long weight load ends it within one
-// tensor instead of after it. Only pi0-train arms this (src/pi0/train/signals.h sets the flag from its handler);
-// in every other program the flag stays clear and interruption_point() costs one atomic load.
+// tensor instead of after it. pi0-train and pi0-serve arm this (src/pi0/train/signals.h sets the flag from its
+// handler); in every other program the flag stays clear and interruption_point() costs one atomic load.
 #pragma once
 #include <stdexcept>
 

@@ -14,6 +14,7 @@
 #include "pi0/common/check.h"
 #include "pi0/common/fs.h"
 #include "pi0/common/strings.h"
+#include "pi0/config/policy_metadata.h"
 
 namespace pi0::config {
 namespace {
@@ -100,6 +101,13 @@ void parse(const YAML::Node& n, std::map<std::string, std::string>& out, const s
     const std::string name = key_text(kv.first, src, key);
     out[name] = scalar_as<std::string>(kv.second, src, key + "." + name, "a string");
   }
+}
+
+// A free-form map (serve.policy_metadata): its values are checked where they are resolved (policy_metadata.h).
+void parse(const YAML::Node& n, YAML::Node& out, const std::string& src, const std::string& key) {
+  if (!n.IsMap()) type_error(src, key, n, "a mapping of names to values");
+  for (const auto& kv : n) key_text(kv.first, src, key);
+  out = YAML::Clone(n);
 }
 
 // Reads one section's fields; remembers which keys it knows so unknown ones can be reported.
@@ -460,6 +468,7 @@ void validate(const Config& c) {
   require(c.dist.timeout_s > 0, "dist.timeout_s", c.dist.timeout_s, "> 0");
   require(c.dist.shard == "none" || c.dist.shard == "optimizer" || c.dist.shard == "gradients", "dist.shard",
           "'" + c.dist.shard + "'", "none, optimizer or gradients");
+  policy_metadata(c);  // refuses what pi0-serve could not send, at config load rather than at serving time
 }
 
 YAML::Node to_yaml(const Config& config) {

@@ -243,12 +243,22 @@ struct DistConfig {
   }
 };
 
+struct ServeConfig {
+  YAML::Node policy_metadata{YAML::NodeType::Map};  // any YAML map; resolved by config/policy_metadata.h
+
+  template <class V>
+  void visit(V& v) {
+    v("policy_metadata", policy_metadata, "map sent to pi0-serve's clients with its metadata (openpi's policy_metadata), on top of the defaults of the data's robot: aloha data gets openpi's reset_pose [0, -1.5, 1.5, 0, 0, 0]; a key set to null removes a default (docs/serving.md)");
+  }
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
   CheckpointConfig checkpoint;
   DistConfig dist;
+  ServeConfig serve;
 
   template <class V>
   void visit(V& v) {
@@ -257,6 +267,7 @@ struct Config {
     v.section("train", train);
     v.section("checkpoint", checkpoint);
     v.section("dist", dist);
+    v.section("serve", serve);
   }
 };
 

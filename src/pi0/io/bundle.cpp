@@ -333,6 +333,13 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
   return b;
 }
 
+std::optional<torch::ScalarType> parse_compute_dtype(const std::string& v) {
+  if (v.empty()) return std::nullopt;
+  if (v == "bf16" || v == "bfloat16") return torch::kBFloat16;
+  if (v == "f32" || v == "float32") return torch::kFloat32;
+  throw UserError("--dtype: got '" + v + "', expected bf16, bfloat16, f32 or float32");
+}
+
 InferenceInputs make_inference_inputs(const Bundle& bundle, const std::map<std::string, torch::Tensor>& tensors,
                                       const std::string& source, const std::optional<std::string>& prompt,
                                       const data::Tokenizer* tokenizer) {

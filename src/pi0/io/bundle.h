@@ -63,9 +63,13 @@ struct Bundle {
 };
 
 /// Loads `dir` (written by export_bundle). The model computes in `compute_dtype`; by default in the bundle's own
-/// precision (bf16 for a bf16 bundle, else float32). Throws pi0::UserError naming the missing or malformed file.
+/// precision (bf16 for a bf16 bundle, else float32), on every device: the one rule of pi0-infer and pi0-serve, so
+/// the server answers what pi0-infer answers. Throws pi0::UserError naming the missing or malformed file.
 Bundle load_bundle(const std::string& dir, const torch::Device& device = torch::kCPU,
                    std::optional<torch::ScalarType> compute_dtype = std::nullopt);
+
+/// The --dtype flag of pi0-infer and pi0-serve: "" → nullopt (the bundle's precision), bf16|bfloat16, f32|float32.
+std::optional<torch::ScalarType> parse_compute_dtype(const std::string& flag_value);
 
 using data::InferenceInputs;
 

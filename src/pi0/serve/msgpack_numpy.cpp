@@ -94,12 +94,17 @@ Dtype parse_dtype(const std::string& key, const msgpack::object& o) {
   }
   const std::string body = s.substr(pos);
   auto bad = [&]() { return UserError("'" + key + "': dtype '" + d.str + "' is not supported, " + kDtypesExpected); };
-  if (body.size() < 2 || body.size() > 4) throw bad();
+  const bool text = !body.empty() && (body[0] == 'U' || body[0] == 'S');
+  // Text dtypes count characters ('<U1000': a prompt of 1000 code points); numbers are 1 to 8 bytes.
+  if (body.size() < 2 || body.size() > (text ? 9 : 4)) throw bad();
   d.kind = body[0];
   for (size_t i = 1; i < body.size(); ++i)
     if (body[i] < '0' || body[i] > '9') throw bad();
   d.itemsize = std::stoi(body.substr(1));
-  if (d.kind == 'U' || d.kind == 'S') return d;  // text scalars; ndarrays of text are refused by the caller
+  if (text) {
+    if (d.kind == 'U') d.itemsize *= 4;  // UTF-32 code units
+    return d;                            // text: a one-element ndarray or a numpy scalar (the caller checks)
+  }
   const std::string ks = body;
   if (ks == "b1") d.tensor_type = torch::kBool;
   else if (ks == "u1") d.tensor_type = torch::kUInt8;
@@ -152,7 +157,40 @@ torch::Tensor tensor_from_bytes(const std::string& key, const Dtype& d, const st
   return t;
 }
 
-torch::Tensor decode_ndarray(const std::string& key, const msgpack::object_map& m, const DecodeLimits& limits) {
+// One numpy text element → UTF-8: 'S' is bytes as they are, 'U' UTF-32 code points; trailing NULs are padding
+// (numpy strips them too, in .item()).
+std::string text_from_bytes(const std::string& key, const Dtype& d, const uint8_t* bytes) {
+  std::string out;
+  if (d.kind == 'S') {
+    out.assign(reinterpret_cast<const char*>(bytes), static_cast<size_t>(d.itemsize));
+  } else {
+    for (int i = 0; i < d.itemsize; i += 4) {
+      const auto cp = static_cast<uint32_t>(load_uint(bytes + i, 4, d.swap));
+      if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        throw UserError("'" + key + "': numpy text holds the invalid code point " + std::to_string(cp) +
+                        ", expected Unicode text");
+      if (cp < 0x80) {
+        out += static_cast<char>(cp);
+      } else if (cp < 0x800) {
+        out += static_cast<char>(0xC0 | (cp >> 6));
+        out += static_cast<char>(0x80 | (cp & 0x3F));
+      } else if (cp < 0x10000) {
+        out += static_cast<char>(0xE0 | (cp >> 12));
+        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        out += static_cast<char>(0x80 | (cp & 0x3F));
+      } else {
+        out += static_cast<char>(0xF0 | (cp >> 18));
+        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        out += static_cast<char>(0x80 | (cp & 0x3F));
+      }
+    }
+  }
+  while (!out.empty() && out.back() == '\0') out.pop_back();
+  return out;
+}
+
+Field decode_ndarray(const std::string& key, const msgpack::object_map& m, const DecodeLimits& limits) {
   const msgpack::object* data = find_key(m, "data");
   const msgpack::object* dtype = find_key(m, "dtype");
   const msgpack::object* shape = find_key(m, "shape");
@@ -162,8 +200,6 @@ torch::Tensor decode_ndarray(const std::string& key, const msgpack::object_map& 
   if (data->type != msgpack::type::BIN)
     throw UserError("'" + key + "': ndarray data is a " + type_name(*data) + ", expected bytes");
   const Dtype d = parse_dtype(key, *dtype);
-  if (d.kind == 'U' || d.kind == 'S')
-    throw UserError("'" + key + "': ndarray of text (dtype '" + d.str + "') is not supported, expected numbers");
   if (shape->type != msgpack::type::ARRAY)
     throw UserError("'" + key + "': ndarray shape is a " + type_name(*shape) + ", expected a list of ints");
   const auto& sa = shape->via.array;
@@ -192,8 +228,18 @@ torch::Tensor decode_ndarray(const std::string& key, const msgpack::object_map& 
                     (overflow ? std::string("more than 2^64") : std::to_string(nbytes)) + " bytes, but data holds " +
                     std::to_string(data->via.bin.size));
   }
-  return tensor_from_bytes(key, d, dims, reinterpret_cast<const uint8_t*>(data->via.bin.ptr),
-                           static_cast<int64_t>(numel));
+  const auto* bytes = reinterpret_cast<const uint8_t*>(data->via.bin.ptr);
+  Field f;
+  if (d.kind == 'U' || d.kind == 'S') {
+    // A prompt sent as np.array("...") (0-d) or np.array(["..."]): openpi takes .item() of it.
+    if (numel != 1)
+      throw UserError("'" + key + "': ndarray of text (dtype '" + d.str + "') of shape " + shape_str(dims) +
+                      ", expected numbers or a single text element (0-d or 1 element)");
+    f.text = text_from_bytes(key, d, bytes);
+    return f;
+  }
+  f.tensor = tensor_from_bytes(key, d, dims, bytes, static_cast<int64_t>(numel));
+  return f;
 }
 
 Field decode_npgeneric(const std::string& key, const msgpack::object_map& m) {
@@ -285,7 +331,7 @@ void decode_value(const std::string& key, const msgpack::object& o, size_t depth
   switch (o.type) {
     case msgpack::type::NIL: return;
     case msgpack::type::MAP:
-      if (find_key(o.via.map, "__ndarray__")) f.tensor = decode_ndarray(key, o.via.map, limits);
+      if (find_key(o.via.map, "__ndarray__")) f = decode_ndarray(key, o.via.map, limits);
       else if (find_key(o.via.map, "__npgeneric__")) f = decode_npgeneric(key, o.via.map);
       else return decode_map(key, o.via.map, depth, limits, out);
       break;
@@ -298,10 +344,11 @@ void decode_value(const std::string& key, const msgpack::object& o, size_t depth
     case msgpack::type::FLOAT32:
     case msgpack::type::FLOAT64: f.tensor = torch::scalar_tensor(o.via.f64, torch::kDouble); break;
     case msgpack::type::STR: f.text = std::string(o.via.str.ptr, o.via.str.size); break;
+    case msgpack::type::BIN: f.text = std::string(o.via.bin.ptr, o.via.bin.size); break;  // bytes: text, as openpi decodes a bytes prompt
     case msgpack::type::ARRAY: f.tensor = decode_list(key, o, limits); break;
     default:
       throw UserError("'" + key + "': value of type " + type_name(o) +
-                      ", expected an ndarray, a numpy scalar, a number, a bool, a str or a list of numbers");
+                      ", expected an ndarray, a numpy scalar, a number, a bool, a str, bytes or a list of numbers");
   }
   if (!out.emplace(key, std::move(f)).second)
     throw UserError("'" + key + "': given twice (as a nested map and as a '/'-joined key)");

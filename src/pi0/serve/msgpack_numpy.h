@@ -1,6 +1,7 @@
 // openpi's msgpack-numpy wire format (openpi_client/msgpack_numpy.py), decoded and encoded with msgpack-cxx.
 //   ndarray:   map {__ndarray__: true, data: bin (raw bytes, C order), dtype: str ("<f4", "|u1", ...), shape: [..]}
 //   np scalar: map {__npgeneric__: true, data: the Python value, dtype: str}
+//   text:      str, bytes, or a one-element ndarray of dtype '<U<n>' (UTF-32) or '|S<n>' (bytes, NUL-padded)
 // openpi's packer writes these keys as bytes; its client sends observation keys as str. Both are accepted as keys.
 //
 // The decoder turns one frame (a map, possibly nested) into flat Fields: nested maps are joined with '/', so
@@ -19,7 +20,8 @@
 namespace pi0::serve {
 
 /// One leaf of a decoded frame: a tensor (ndarray, numpy scalar as 0-d, Python bool/int/float as 0-d, or a list
-/// of numbers) or a text (str, numpy str scalar).
+/// of numbers) or a text (str, bytes, numpy str/bytes scalar, or a numpy text ndarray of one element, 0-d or [1]:
+/// what openpi's transforms accept as a prompt: bytes decoded, .item() of an array).
 struct Field {
   torch::Tensor tensor;
   std::optional<std::string> text;

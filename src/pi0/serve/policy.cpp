@@ -1,5 +1,6 @@
 #include "pi0/serve/policy.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -7,6 +8,8 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/strings.h"
+#include "pi0/config/policy_metadata.h"
 
 namespace pi0::serve {
 namespace {
@@ -36,6 +39,19 @@ std::string bundle_name(const std::string& dir) {
 }
 
 }  // namespace
+
+std::pair<std::string, nlohmann::json> parse_metadata_flag(const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw UserError("--metadata: got " + quote_value(assignment, 80) +
+                    ", expected key=<JSON value>, e.g. reset_pose=[0,-1.5,1.5,0,0,0] or task='\"fold\"'");
+  const std::string key = assignment.substr(0, eq);
+  auto value = nlohmann::json::parse(assignment.substr(eq + 1), nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded())
+    throw UserError("--metadata " + key + ": " + quote_value(assignment.substr(eq + 1), 80) +
+                    " is not JSON, expected a JSON value (a string in double quotes, a number, a list, ...)");
+  return {key, value};
+}
 
 struct Policy::Pending {
   io::InferenceInputs inputs;
@@ -69,7 +85,6 @@ Policy::Policy(io::Bundle bundle, PolicyOptions options)
     throw UserError("--robot " + robot_name(options_.robot) + ": the bundle's actions have " + std::to_string(bundle_dims) +
                     " dims (its norm stats 'actions'), expected >= " + std::to_string(want) + " for this robot");
   action_dims_ = want > 0 ? want : bundle_dims;
-  bundle_.model->set_compute_dtype(options_.compute_dtype);
   bundle_.model->set_cuda_graph(device_.is_cuda());
   tokenizer_ = std::make_unique<data::Tokenizer>(bundle_.tokenizer_path);
 
@@ -89,7 +104,16 @@ Policy::Policy(io::Bundle bundle, PolicyOptions options)
                {"config_id", cfg.checkpoint.asset_id},
                {"bundle", bundle_name(bundle_.dir)},
                {"device", device_.str()},
-               {"dtype", options_.compute_dtype == torch::kBFloat16 ? "bf16" : "f32"}};
+               {"dtype", bundle_.dtype == torch::kBFloat16 ? "bf16" : "f32"}};
+  for (auto it = metadata_.begin(); it != metadata_.end(); ++it) {
+    const auto& reserved = config::reserved_metadata_keys();
+    PI0_CHECK(std::find(reserved.begin(), reserved.end(), it.key()) != reserved.end(), "metadata key '", it.key(),
+              "' missing from config::reserved_metadata_keys()");
+  }
+  nlohmann::json extra = config::policy_metadata(cfg);
+  for (auto it = options_.metadata.begin(); it != options_.metadata.end(); ++it)
+    config::set_policy_metadata(extra, it.key(), it.value(), "--metadata " + it.key());
+  metadata_.update(extra);
   thread_ = std::thread([this] { model_loop(); });
 }
 

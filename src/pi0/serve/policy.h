@@ -33,9 +33,13 @@ struct PolicyOptions {
   int64_t num_steps = 10;                   ///< Euler steps of sample_actions
   int64_t max_batch = 0;                    ///< rows per sample_actions call; 0 = 1 on CPU, 8 on CUDA
   std::optional<std::string> default_prompt;///< used when a frame has no 'prompt'
-  torch::ScalarType compute_dtype = torch::kFloat32;  ///< activations: float32 or bfloat16 (--dtype)
   torch::Tensor noise;                      ///< fixed initial noise [H,A] or [1,H,A] for every request (tests); undefined = random
+  /// --metadata: keys added to (or, null, removed from) the bundle's policy metadata (config/policy_metadata.h).
+  nlohmann::json metadata = nlohmann::json::object();
 };
+
+/// One `--metadata key=json` flag: the key and its JSON value. UserError naming the flag otherwise.
+std::pair<std::string, nlohmann::json> parse_metadata_flag(const std::string& assignment);
 
 /// One answer: the robot's actions and the times openpi reports.
 struct PolicyResult {
@@ -51,7 +55,10 @@ class Policy {
   Policy(const Policy&) = delete;
   Policy& operator=(const Policy&) = delete;
 
-  /// Sent to every client on connect: model type, action horizon and dims, robot profile, config id, ...
+  /// Sent to every client on connect: model type, action horizon and dims, robot profile, config id, ..., and the
+  /// policy metadata: the bundle's (its training config's serve.policy_metadata over the robot's defaults, e.g.
+  /// ALOHA's reset_pose) with options.metadata applied. The model computes in the bundle's dtype (io::load_bundle:
+  /// pi0-infer's rule), reported as "dtype".
   const nlohmann::json& metadata() const { return metadata_; }
   const PolicyOptions& options() const { return options_; }
   const io::Bundle& bundle() const { return bundle_; }

@@ -28,7 +28,7 @@ const Field* find(const Fields& fields, const std::string& key) {
 const torch::Tensor& require_tensor(const Fields& fields, const std::string& key, const std::string& expected) {
   const Field* f = find(fields, key);
   if (!f) throw UserError("missing key '" + key + "', expected " + expected);
-  if (!f->tensor.defined()) throw UserError("'" + key + "' is a str, expected " + expected);
+  if (!f->tensor.defined()) throw UserError("'" + key + "' is text, expected " + expected);
   return f->tensor;
 }
 
@@ -74,11 +74,43 @@ torch::Tensor robot_image(const Fields& fields, const std::string& key, bool chw
   return t.contiguous().unsqueeze(0);
 }
 
+// Offset of the first byte that is not well-formed UTF-8 (overlong forms, surrogates and code points above
+// U+10FFFF included), or npos. A prompt sent as bytes is decoded as UTF-8 by openpi (strictly: it raises).
+size_t invalid_utf8_at(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    // Continuation bytes after the lead byte, the lead byte's payload, and the smallest code point of that length.
+    const size_t n = (c & 0xE0) == 0xC0 ? 1 : (c & 0xF0) == 0xE0 ? 2 : (c & 0xF8) == 0xF0 ? 3 : 0;
+    if (n == 0) return i;
+    uint32_t cp = c & (0x3F >> n);
+    const uint32_t min = n == 1 ? 0x80 : n == 2 ? 0x800 : 0x10000;
+    for (size_t k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return i;
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += n + 1;
+  }
+  return std::string::npos;
+}
+
 std::optional<std::string> prompt_of(const Fields& fields, const std::optional<std::string>& default_prompt,
                                      bool required) {
   const Field* f = find(fields, "prompt");
   if (f) {
-    if (!f->text) throw UserError("'prompt' is an array or number, expected a str (the task instruction)");
+    if (!f->text)
+      throw UserError("'prompt' is an array or number, expected a str (the task instruction), bytes (UTF-8) or a "
+                      "numpy text array of one element");
+    if (const size_t at = invalid_utf8_at(*f->text); at != std::string::npos)
+      throw UserError("'prompt' is not UTF-8 text (byte " + std::to_string(at) + " of " + std::to_string(f->text->size()) +
+                      "), expected the task instruction in UTF-8");
     return f->text;
   }
   if (default_prompt) return default_prompt;
@@ -134,7 +166,7 @@ ModelRequest raw(const Fields& fields, const std::optional<std::string>& default
     const bool known = key == "state" || key == "tokenized_prompt" || key == "tokenized_prompt_mask" ||
                        key.rfind("image/", 0) == 0 || key.rfind("image_mask/", 0) == 0;
     if (!known) continue;  // extra keys are ignored, as openpi's transforms do
-    if (!f.tensor.defined()) throw UserError("'" + key + "' is a str, expected an array");
+    if (!f.tensor.defined()) throw UserError("'" + key + "' is text, expected an array");
     data::check_finite(f.tensor, "'" + key + "'");
     const bool is_image = key.rfind("image/", 0) == 0;
     if (is_image) {

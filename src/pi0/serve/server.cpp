@@ -6,6 +6,7 @@
 #include <list>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include <boost/asio.hpp>
@@ -15,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/interrupt.h"
 #include "pi0/common/strings.h"
 
 namespace pi0::serve {
@@ -146,7 +148,9 @@ class Session : public std::enable_shared_from_this<Session> {
     t.idle_timeout = std::chrono::seconds(server_.options.idle_timeout_s);
     t.keep_alive_pings = true;
     ws_.set_option(t);
-    ws_.read_message_max(server_.options.max_frame_bytes);
+    // No limit inside Beast: over its limit it closes with 1009 and nothing else, so the client never learns why.
+    // read_frame() reads in pieces and answers a frame over max_frame_bytes as it answers any bad input.
+    ws_.read_message_max(0);
     ws_.set_option(websocket::stream_base::decorator(
         [](websocket::response_type& res) { res.set(http::field::server, "pi0-serve"); }));
     ws_.async_accept(req, [self = shared_from_this()](beast::error_code ec) { self->on_accept(ec); });
@@ -187,7 +191,31 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void read_frame() {
     in_.clear();
-    ws_.async_read(in_, [self = shared_from_this()](beast::error_code ec, size_t) { self->on_frame(ec); });
+    read_piece();
+  }
+
+  // One frame in pieces of at most kPiece bytes, so one over the limit is refused after limit + kPiece bytes
+  // (nothing more is buffered; the close handshake discards the rest as it arrives).
+  void read_piece() {
+    constexpr size_t kPiece = 1 << 20;
+    ws_.async_read_some(in_, kPiece, [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->on_frame(ec);
+      const size_t max = self->server_.options.max_frame_bytes;
+      if (self->in_.size() > max) {
+        self->in_.clear();
+        self->busy_ = true;
+        return self->fail("frame larger than " + std::to_string(max) + " bytes (" + mib(max) +
+                          "), expected an observation within the server's --max-frame-mb");
+      }
+      if (!self->ws_.is_message_done()) return self->read_piece();
+      self->on_frame(ec);
+    });
+  }
+
+  static std::string mib(size_t bytes) {
+    std::ostringstream os;
+    os << static_cast<double>(bytes) / (1 << 20) << " MiB";
+    return os.str();
   }
 
   void on_frame(beast::error_code ec) {
@@ -388,6 +416,11 @@ void Server::run(bool handle_signals) {
       spdlog::info("pi0-serve: signal {} received", sig);
       im.do_stop();
     });
+    // A signal that came before these handlers took over (the app's start-up handlers set the interrupt flag).
+    if (interrupt_requested()) {
+      spdlog::info("pi0-serve: stop requested during start-up");
+      net::post(im.strand, [&im] { im.do_stop(); });
+    }
   }
   im.accept();
   std::vector<std::thread> threads;

@@ -2,7 +2,8 @@
 //   connect  → the server sends one binary frame: the policy metadata (msgpack map)
 //   request  → binary frame: the observation (msgpack-numpy map)
 //   answer   ← binary frame: {actions, policy_timing: {infer_ms}, server_timing: {infer_ms, prev_total_ms}}
-//   bad input← a text frame with one line, then close 1011 (what openpi does; its client raises the text)
+//   bad input← a text frame with one line, then close 1011 (what openpi does; its client raises the text); a
+//              frame over max_frame_bytes is bad input too
 //   GET /healthz → 200 "OK"
 // Beyond openpi: --api-key refuses a handshake without "Authorization: Api-Key <key>" (401), --max-clients
 // refuses connections past the limit (503), and clients are served concurrently (openpi serves one at a time):
@@ -23,7 +24,7 @@ struct ServerOptions {
   std::string api_key;                   ///< empty = no check
   int64_t max_clients = 64;              ///< open websocket connections at a time
   int64_t io_threads = 2;                ///< threads that read, decode and prepare observations
-  size_t max_frame_bytes = 256u << 20;   ///< larger frames are refused (close 1009)
+  size_t max_frame_bytes = 256u << 20;   ///< larger frames get the error text frame and close 1011 (--max-frame-mb)
   int64_t idle_timeout_s = 60;           ///< a connection that answers no ping for this long is dropped
 };
 
@@ -37,8 +38,9 @@ class Server {
 
   /// The bound port (the chosen one when options.port was 0).
   uint16_t port() const;
-  /// Serves until stop() or, with `handle_signals`, SIGINT/SIGTERM; then closes every connection (1001) and
-  /// returns once they are closed (at most a few seconds).
+  /// Serves until stop() or, with `handle_signals`, SIGINT/SIGTERM (also one that set pi0::request_interrupt()
+  /// before run() took the signals over); then closes every connection (1001) and returns once they are closed
+  /// (at most a few seconds).
   void run(bool handle_signals);
   /// Thread-safe; run() returns soon after.
   void stop();

@@ -16,6 +16,7 @@ std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free, "signal flag must be lock-free");
 struct sigaction g_previous_int, g_previous_term;
 bool g_installed = false;
+std::atomic<const char*> g_message{nullptr};
 
 void restore_default(int sig) {
   struct sigaction sa;
@@ -30,16 +31,21 @@ void on_stop_signal(int sig) {
   request_interrupt();
   restore_default(SIGINT);
   restore_default(SIGTERM);
-  static const char msg[] =
-      "\npi0: stop requested; once training has started, the current step finishes and a checkpoint is saved (send "
-      "the signal again to exit immediately)\n";
-  ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof msg - 1);
-  (void)ignored;
+  const char* msg = g_message.load();
+  if (msg) {
+    ssize_t ignored = ::write(STDERR_FILENO, msg, std::strlen(msg));  // strlen and write: async-signal-safe
+    (void)ignored;
+  }
 }
 
 }  // namespace
 
-void install_stop_signal_handlers() {
+const char* const kTrainingStopMessage =
+    "\npi0: stop requested; once training has started, the current step finishes and a checkpoint is saved (send "
+    "the signal again to exit immediately)\n";
+
+void install_stop_signal_handlers(const char* message) {
+  g_message.store(message);
   struct sigaction sa;
   std::memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_stop_signal;

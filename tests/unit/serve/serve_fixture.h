@@ -10,6 +10,7 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -38,8 +39,10 @@ struct TinyBundle {
   int64_t state_dim = 0;
 };
 
-/// Exports a tiny pi0.5 bundle under `dir` for dataset `format` ("libero": 8 dims, "aloha": 14 dims).
-inline TinyBundle make_tiny_bundle(const TempDir& dir, const std::string& format) {
+/// Exports a tiny pi0.5 bundle under `dir` for dataset `format` ("libero": 8 dims, "aloha": 14 dims), in `dtype`
+/// (float32 or bfloat16, pi0-export's default); `extra_yaml` is appended to the training config (e.g. a serve section).
+inline TinyBundle make_tiny_bundle(const TempDir& dir, const std::string& format,
+                                   torch::ScalarType dtype = torch::kFloat32, const std::string& extra_yaml = "") {
   TinyBundle b;
   b.state_dim = format == "aloha" ? 14 : 8;
   const std::string tok = std::string(PI0_SOURCE_DIR) + "/data/tokenizer/tiny_spm.model";
@@ -50,7 +53,7 @@ inline TinyBundle make_tiny_bundle(const TempDir& dir, const std::string& format
       "data: {dataset: {format: " + format + ", paths: [unused.hdf5]}, norm_stats: " + dir.str("stats.json") +
       ", tokenizer: " + tok + "}\n"
       "train: {precision: float32}\n"
-      "checkpoint: {run_dir: " + dir.str("run") + ", asset_id: tiny_" + format + "}\n";
+      "checkpoint: {run_dir: " + dir.str("run") + ", asset_id: tiny_" + format + "}\n" + extra_yaml;
   const auto cfg = config::parse_config(YAML::Load(yaml), "test config");
   data::NormStats stats;
   for (const char* key : {"state", "actions"}) {
@@ -81,8 +84,8 @@ inline TinyBundle make_tiny_bundle(const TempDir& dir, const std::string& format
   std::ofstream(ckpt + "/COMPLETE") << "1\n";
   io::ExportOptions eo;
   eo.weights = "model";
-  eo.dtype = torch::kFloat32;
-  b.bundle = dir.str("bundle_" + format);
+  eo.dtype = dtype;
+  b.bundle = dir.str("bundle_" + format + (dtype == torch::kBFloat16 ? "_bf16" : ""));
   io::export_bundle(ckpt, b.bundle, eo);
   b.noise = dir.str("noise_" + format + ".safetensors");
   io::save_safetensors(b.noise, {{"noise", torch::randn({1, kHorizon, kModelDim})}});
@@ -103,11 +106,14 @@ inline serve::Fields libero_fields(int64_t seed) {
 /// Runs `app args` in the background with stdout/stderr to files; stop() signals it and returns the exit code.
 class AppProcess {
  public:
-  AppProcess(const std::string& app, const std::string& args, const TempDir& dir, const std::string& tag)
+  /// `ignore_sigint`: the app inherits SIGINT ignored (as a background job of a non-interactive shell does).
+  AppProcess(const std::string& app, const std::string& args, const TempDir& dir, const std::string& tag,
+             bool ignore_sigint = false)
       : out_(dir.str(tag + "_stdout.txt")), err_(dir.str(tag + "_stderr.txt")) {
     const std::string cmd = "exec " + std::string(PI0_BINARY_DIR) + "/" + app + " " + args + " > " + out_ + " 2> " + err_;
     pid_ = ::fork();
     if (pid_ == 0) {
+      if (ignore_sigint) ::signal(SIGINT, SIG_IGN);  // kept by sh and by exec
       ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
@@ -136,6 +142,22 @@ class AppProcess {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return 0;
+  }
+  /// Waits (up to 120 s) until stdout or stderr holds one of `texts`; false if the app exited first or never wrote
+  /// any of them.
+  bool wait_for(const std::vector<std::string>& texts) {
+    for (int i = 0; i < 12000; ++i) {
+      const std::string all = stdout_text() + stderr_text();
+      for (const auto& t : texts)
+        if (all.find(t) != std::string::npos) return true;
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
   }
   /// Sends `sig` and waits (up to 30 s): the exit code, or -1 when killed or still running.
   int stop(int sig = SIGTERM) {

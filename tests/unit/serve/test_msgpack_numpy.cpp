@@ -155,6 +155,45 @@ TEST_CASE("decode_frame flattens nested maps and reads numpy scalars and Python 
   CHECK(f.at("step").tensor.item<int64_t>() == 7);
 }
 
+// openpi's transforms take a prompt as str, bytes (decoded as UTF-8) or a numpy text array (.item()); its client
+// packs np.array("...") as an ndarray of dtype '<U<chars>' (UTF-32, NUL-padded) and b"..." as msgpack bin.
+TEST_CASE("decode_frame reads text as str, bytes and one-element numpy text arrays", "[serve][unit]") {
+  const std::string text = "fold the towel \xc3\xa0 \xe2\x82\xac \xf0\x9f\xa4\x96";  // à, €, 🤖: 1 to 4 UTF-8 bytes
+  const std::vector<uint32_t> cps = {'f', 'o', 'l', 'd', 0xE0, 0x20AC, 0x1F916};
+  // UTF-32 little-endian of `cps`, padded with NUL code points to `chars` (numpy pads shorter elements so).
+  auto utf32 = [&](size_t chars, bool big_endian) {
+    std::string out;
+    for (size_t i = 0; i < chars; ++i) {
+      const uint32_t cp = i < cps.size() ? cps[i] : 0;
+      for (int b = 0; b < 4; ++b) out += static_cast<char>((cp >> (8 * (big_endian ? 3 - b : b))) & 0xFF);
+    }
+    return out;
+  };
+  const std::string want = "fold\xc3\xa0\xe2\x82\xac\xf0\x9f\xa4\x96";
+  CHECK(*decode(one_array("<U7", {}, utf32(7, false))).at("x").text == want);     // np.array(s): 0-d
+  CHECK(*decode(one_array("<U9", {1}, utf32(9, false))).at("x").text == want);    // np.array([s]), padded
+  CHECK(*decode(one_array(">U7", {1, 1}, utf32(7, true))).at("x").text == want);  // big-endian, [1,1]
+  CHECK(*decode(one_array("|S6", {}, std::string("towel\0", 6))).at("x").text == "towel");  // np.array(b"towel")
+  CHECK(*decode(one_array("|S5", {1}, "towel")).at("x").text == "towel");
+  CHECK(*decode(one_array("<U0", {}, "")).at("x").text == "");
+  msgpack::sbuffer b;
+  Packer pk(b);
+  pk.pack_map(2);
+  pk.pack(std::string("prompt"));  // b"..." from a client: msgpack bin
+  pack_bytes(pk, text);
+  pk.pack(std::string("np_bytes"));  // np.bytes_(b"...") as a numpy scalar: its data is bin
+  pk.pack_map(3);
+  pack_bytes(pk, "__npgeneric__");
+  pk.pack_true();
+  pack_bytes(pk, "data");
+  pack_bytes(pk, "towel");
+  pack_bytes(pk, "dtype");
+  pk.pack(std::string("|S5"));
+  const auto f = decode(str(b));
+  CHECK(*f.at("prompt").text == text);
+  CHECK(*f.at("np_bytes").text == "towel");
+}
+
 TEST_CASE("encode_fields and encode_response round-trip through decode_frame", "[serve][unit]") {
   torch::manual_seed(1);
   Fields in;
@@ -195,7 +234,8 @@ TEST_CASE("decode_frame: malformed frames are one-line errors naming the key", "
   check_error(one_array("<f3", {2}, f4), "dtype '<f3' is not supported");
   check_error(one_array("", {2}, f4), "dtype '' is not supported");
   check_error(one_array("|O", {1}, f4), "not supported");
-  check_error(one_array("<U4", {2}, f4), "ndarray of text");
+  check_error(one_array("<U1", {2}, f4), "'x': ndarray of text (dtype '<U1') of shape [2], expected numbers or a single text");
+  check_error(one_array("<U2", {1}, std::string("\x00\xd8\x00\x00" "a\x00\x00\x00", 8)), "invalid code point 55296");
   {
     msgpack::sbuffer b;
     Packer pk(b);

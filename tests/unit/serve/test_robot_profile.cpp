@@ -102,6 +102,13 @@ TEST_CASE("robot profiles: bad observations name the key and what was expected",
   f["prompt"].text.reset();
   f["prompt"].tensor = torch::zeros({1});
   check_error(Robot::kLibero, f, "'prompt' is an array or number, expected a str");
+  f = libero(img);
+  f["prompt"].text = std::string("pick \xc3\xa0 up \xff", 12);  // bytes that are not UTF-8 (openpi's decode raises)
+  check_error(Robot::kLibero, f, "'prompt' is not UTF-8 text (byte 11 of 12)");
+  f["prompt"].text = std::string("\xed\xa0\x80", 3);  // an encoded surrogate
+  check_error(Robot::kLibero, f, "'prompt' is not UTF-8 text (byte 0 of 3)");
+  f["prompt"].text = std::string("\xc0\xaf", 2);  // overlong '/'
+  check_error(Robot::kLibero, f, "'prompt' is not UTF-8 text (byte 0 of 2)");
   Fields a;
   a["state"].tensor = torch::zeros({14});
   a["images/cam_top"].tensor = torch::zeros({3, 4, 4}, torch::kUInt8);

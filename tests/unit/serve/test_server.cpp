@@ -35,15 +35,20 @@ struct LiveServer {
   serve::Server server;
   std::thread thread;
 
-  LiveServer(const TinyBundle& b, serve::Robot robot, serve::ServerOptions so = {}, int64_t max_batch = 0)
-      : policy(io::load_bundle(b.bundle), policy_options(b, robot, max_batch)), server(policy, local(so)),
-        thread([this] { server.run(/*handle_signals=*/false); }) {}
+  LiveServer(const TinyBundle& b, serve::Robot robot, serve::ServerOptions so = {}, int64_t max_batch = 0,
+             nlohmann::json metadata = nlohmann::json::object())
+      : policy(io::load_bundle(b.bundle), with_metadata(policy_options(b, robot, max_batch), std::move(metadata))),
+        server(policy, local(so)), thread([this] { server.run(/*handle_signals=*/false); }) {}
   ~LiveServer() {
     server.stop();
     thread.join();
   }
   int port() const { return server.port(); }
 
+  static serve::PolicyOptions with_metadata(serve::PolicyOptions o, nlohmann::json metadata) {
+    o.metadata = std::move(metadata);
+    return o;
+  }
   static serve::ServerOptions local(serve::ServerOptions so) {
     so.host = "127.0.0.1";
     so.port = 0;
@@ -167,6 +172,76 @@ TEST_CASE("pi0-serve: bad frames get a text error and close 1011 and the server 
   WsClient c(live.port());
   const auto r = c.infer(good);
   CHECK(max_abs_diff(r.at("actions").tensor, live.policy.infer(libero_fields(1)).actions) == 0.0);
+}
+
+TEST_CASE("pi0-serve: a frame over max_frame_bytes gets the text frame and close 1011, not a bare close", "[serve]") {
+  TempDir dir("pi0serve");
+  const auto b = make_tiny_bundle(dir, "libero");
+  serve::ServerOptions so;
+  so.max_frame_bytes = 1 << 20;  // what --max-frame-mb 1 sets
+  LiveServer live(b, serve::Robot::kLibero, so);
+  auto f = libero_fields(1);
+  f["padding"].tensor = torch::zeros({(1 << 20) + 1}, torch::kUInt8);  // an unused key: the frame is > 1 MiB
+  {
+    WsClient c(live.port());
+    try {
+      c.infer(serve::encode_fields(f));
+      FAIL("a frame over the limit was answered");
+    } catch (const std::runtime_error& e) {  // a text frame (a bare close would be a boost::system::system_error)
+      CHECK_THAT(std::string(e.what()), Contains("frame larger than 1048576 bytes (1 MiB)"));
+      CHECK_THAT(std::string(e.what()), Contains("--max-frame-mb"));
+    }
+    CHECK(c.close_code() == 1011);
+  }
+  // Frames within the limit (one just under it included) are served, on a new connection as before.
+  f["padding"].tensor = torch::zeros({(1 << 20) - 16384}, torch::kUInt8);  // + ~6 KiB of images and state
+  WsClient c(live.port());
+  CHECK(max_abs_diff(c.infer(serve::encode_fields(f)).at("actions").tensor, live.policy.infer(libero_fields(1)).actions) == 0.0);
+}
+
+TEST_CASE("pi0-serve metadata: ALOHA bundles carry openpi's reset_pose, the training config adds to it, --metadata "
+          "overrides", "[serve]") {
+  TempDir dir("pi0serve"), dir_libero("pi0serve");  // one bundle per directory (each holds its run)
+  const auto aloha = make_tiny_bundle(dir, "aloha");
+  const auto libero = make_tiny_bundle(dir_libero, "libero");
+  const nlohmann::json openpi_reset_pose = {0, -1.5, 1.5, 0, 0, 0};  // openpi's pi0_aloha / pi05_aloha configs
+  {
+    LiveServer live(aloha, serve::Robot::kAloha);
+    CHECK(live.policy.metadata().at("reset_pose") == openpi_reset_pose);
+    WsClient c(live.port());  // on the wire: a msgpack list, read as numbers
+    CHECK(torch::equal(c.metadata.at("reset_pose").tensor, torch::tensor({0.0, -1.5, 1.5, 0.0, 0.0, 0.0}, torch::kFloat64)));
+  }
+  {
+    LiveServer live(libero, serve::Robot::kLibero);  // openpi's LIBERO configs declare no metadata
+    CHECK_FALSE(live.policy.metadata().contains("reset_pose"));
+  }
+  {
+    TempDir dir2("pi0serve");
+    const auto declared = make_tiny_bundle(
+        dir2, "aloha", torch::kFloat32,
+        "serve: {policy_metadata: {reset_pose: [0.1, -1.2, 1.3, 0, 0.5, 0], camera: front, fps: 50}}\n");
+    LiveServer live(declared, serve::Robot::kAloha, {}, 0, {{"fps", 30}, {"episode", {{"max_steps", 400}}}});
+    const auto& md = live.policy.metadata();
+    CHECK(md.at("reset_pose") == nlohmann::json({0.1, -1.2, 1.3, 0, 0.5, 0}));  // the config's, over the default
+    CHECK(md.at("camera") == "front");
+    CHECK(md.at("fps") == 30);  // --metadata over the config
+    CHECK(md.at("episode") == nlohmann::json({{"max_steps", 400}}));
+    CHECK(md.at("robot") == "aloha");  // the server's own keys stay
+  }
+  {
+    LiveServer live(aloha, serve::Robot::kAloha, {}, 0, {{"reset_pose", nullptr}});  // null removes a key
+    CHECK_FALSE(live.policy.metadata().contains("reset_pose"));
+  }
+  serve::PolicyOptions o = policy_options(aloha, serve::Robot::kAloha);
+  o.metadata = {{"action_horizon", 10}};
+  CHECK_THROWS_WITH(serve::Policy(io::load_bundle(aloha.bundle), o),
+                    Contains("--metadata action_horizon: 'action_horizon' is a key pi0-serve's metadata sets itself"));
+  CHECK(serve::parse_metadata_flag("reset_pose=[1, 2.5]") ==
+        std::pair<std::string, nlohmann::json>{"reset_pose", nlohmann::json({1, 2.5})});
+  CHECK(serve::parse_metadata_flag("note=\"a=b\"").second == "a=b");  // split at the first '='
+  CHECK_THROWS_WITH(serve::parse_metadata_flag("reset_pose"), Contains("expected key=<JSON value>"));
+  CHECK_THROWS_WITH(serve::parse_metadata_flag("=1"), Contains("expected key=<JSON value>"));
+  CHECK_THROWS_WITH(serve::parse_metadata_flag("pose=[1,"), Contains("--metadata pose: '[1,' is not JSON"));
 }
 
 TEST_CASE("pi0-serve: 8 clients x 50 requests with a silent client and mid-request disconnects", "[serve]") {
@@ -315,37 +390,50 @@ std::string openpi_client_python(const TempDir& dir) {
 
 }  // namespace
 
+// Each case also checks (in the driver) that the prompt may come as bytes or a numpy text array, and the metadata.
+// The bf16 case is the bundle pi0-export writes by default: pi0-serve and pi0-infer follow one dtype rule (the
+// bundle's precision), so their answers agree as closely as on float32 bundles; a dtype mismatch shows as ~1e-3
+// (bf16 keeps 8 bits: a relative step of 2^-8).
 TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and aloha and droid and raw and exits 0 on SIGTERM", "[serve]") {
   TempDir dir("pi0serve");
   const std::string python = openpi_client_python(dir);
   if (python.empty()) return;
-  TempDir dir_libero("pi0serve_libero"), dir_aloha("pi0serve_aloha");
+  TempDir dir_libero("pi0serve_libero"), dir_bf16("pi0serve_bf16"), dir_aloha("pi0serve_aloha");
   const auto libero = make_tiny_bundle(dir_libero, "libero");
+  const auto libero_bf16 = make_tiny_bundle(dir_bf16, "libero", torch::kBFloat16);
   const auto aloha = make_tiny_bundle(dir_aloha, "aloha");
   struct Case {
     std::string robot;
     const TinyBundle* bundle;
     int64_t dims;
-    std::string api_key;
+    std::string flags;            // more pi0-serve flags
+    std::string driver_flags;     // more driver flags
+    std::string tag;
   };
+  const std::string openpi_aloha = R"({"reset_pose": [0, -1.5, 1.5, 0, 0, 0]})";  // openpi's ALOHA configs
   const std::vector<Case> cases = {
-      {"libero", &libero, 7, "k3y"}, {"aloha", &aloha, 14, ""}, {"droid", &libero, 8, ""}, {"raw", &libero, 8, ""}};
+      {"libero", &libero, 7, "--api-key k3y --metadata 'reset_pose=[1,2,3,4,5,6.5]' --metadata 'note=\"x\"'",
+       "--api-key k3y --expect-metadata '{\"reset_pose\": [1, 2, 3, 4, 5, 6.5], \"note\": \"x\", \"dtype\": \"f32\"}'",
+       "libero"},
+      {"aloha", &aloha, 14, "", "--expect-metadata '" + openpi_aloha + "'", "aloha"},
+      {"droid", &libero, 8, "--max-frame-mb 1", "--oversize-mb 2 --expect-metadata '{\"reset_pose\": null}'", "droid"},
+      {"raw", &libero, 8, "", "", "raw"},
+      {"libero", &libero_bf16, 7, "", "--expect-metadata '{\"dtype\": \"bf16\"}'", "libero_bf16"}};
   for (const auto& c : cases) {
-    INFO("robot " << c.robot);
+    INFO("case " << c.tag);
     const std::string steps = "--num-steps 3";
     AppProcess app("pi0-serve",
                    "--bundle " + c.bundle->bundle + " --robot " + c.robot + " --host 127.0.0.1 --port 0 --noise " +
-                       c.bundle->noise + " " + steps + (c.api_key.empty() ? "" : " --api-key " + c.api_key),
-                   dir, "serve_" + c.robot);
+                       c.bundle->noise + " " + steps + " " + c.flags,
+                   dir, "serve_" + c.tag);
     const int port = app.port();
     INFO("pi0-serve stderr: " << app.stderr_text());
     REQUIRE(port > 0);
-    const std::string out = dir.str(c.robot);
-    const std::string log = dir.str(c.robot + "_driver.log");
+    const std::string out = dir.str(c.tag);
+    const std::string log = dir.str(c.tag + "_driver.log");
     const std::string cmd = "timeout 300 " + python + " " + std::string(PI0_SOURCE_DIR) +
                             "/tests/serve/openpi_client_driver.py --port " + std::to_string(port) + " --robot " + c.robot +
-                            " --out " + out + " --cases 3" + (c.api_key.empty() ? "" : " --api-key " + c.api_key) + " > " +
-                            log + " 2>&1";
+                            " --out " + out + " --cases 3 " + c.driver_flags + " > " + log + " 2>&1";
     const int rc = std::system(cmd.c_str());
     {
       std::ifstream in(log);
@@ -387,7 +475,11 @@ TEST_CASE("pi0-serve: bad flags and bundles are one-line errors with exit code 2
       {"--robot libero", "--bundle is required"},
       {"--bundle " + b.bundle + " --robot franka", "--robot: got 'franka', expected libero, aloha, droid or raw"},
       {"--bundle " + b.bundle + " --port 70000", "--port: got '70000', expected an integer in [0, 65535]"},
-      {"--bundle " + b.bundle + " --dtype fp8", "--dtype: got 'fp8', expected bf16 or f32"},
+      {"--bundle " + b.bundle + " --dtype fp8", "--dtype: got 'fp8', expected bf16, bfloat16, f32 or float32"},
+      {"--bundle " + b.bundle + " --metadata reset_pose", "--metadata: got 'reset_pose', expected key=<JSON value>"},
+      {"--bundle " + b.bundle + " --metadata 'reset_pose=[0,'", "--metadata reset_pose: '[0,' is not JSON"},
+      {"--bundle " + b.bundle + " --metadata robot=1", "--metadata robot: 'robot' is a key pi0-serve's metadata sets"},
+      {"--bundle " + b.bundle + " --max-frame-mb 0", "--max-frame-mb: got '0', expected an integer in [1, 4096]"},
       {"--bundle " + b.bundle + " --device tpu", "--device: got 'tpu', expected cpu, cuda or cuda:N"},
       {"--bundle " + b.bundle + " --robot aloha", "--robot aloha: the bundle's actions have 8 dims"},
       {"--bundle " + b.bundle + " --noise " + dir.str("bad_noise.safetensors"), "--noise: tensor has shape [3, 3]"},
@@ -408,5 +500,26 @@ TEST_CASE("pi0-serve: bad flags and bundles are one-line errors with exit code 2
     CHECK(err.rfind("pi0-serve: error: ", 0) == 0);
     CHECK(std::count(err.begin(), err.end(), '\n') == 1);
     CHECK_THAT(err, Contains(c.expected));
+  }
+}
+
+// Issue 23 item 6: the handlers are installed first thing, so a stop during start-up ends the process with exit 0
+// and a message instead of 143 with none; and a SIGINT inherited as ignored (a background job of a shell) is not
+// lost. The signal goes out at the first line the app prints before serving: its thread counts (before the load)
+// or the load's warning about a bundle without manifest.json (printed first by builds without the thread line).
+// Before the fix: SIGTERM exited 143, SIGINT 130, and the ignored SIGINT let the server start anyway.
+TEST_CASE("pi0-serve: SIGTERM or an inherited-ignored SIGINT during the bundle's load exits 0 before serving", "[serve]") {
+  TempDir dir("pi0serve");
+  const auto b = make_tiny_bundle(dir, "libero");
+  std::filesystem::remove(b.bundle + "/manifest.json");  // load_bundle warns first thing: the load has begun
+  for (const auto& [sig, ignored] : {std::pair<int, bool>{SIGTERM, false}, {SIGINT, true}, {SIGINT, false}}) {
+    INFO("signal " << sig << (ignored ? " (SIGINT inherited as ignored)" : ""));
+    AppProcess app("pi0-serve", "--bundle " + b.bundle + " --host 127.0.0.1 --port 0", dir,
+                   "load_sig" + std::to_string(sig) + (ignored ? "_ign" : ""), ignored);
+    REQUIRE(app.wait_for({"threads: aten", "no manifest.json"}));
+    CHECK(app.stop(sig) == 0);
+    INFO("stdout: " << app.stdout_text() << "\nstderr: " << app.stderr_text());
+    CHECK_THAT(app.stderr_text(), Contains("pi0-serve: stopped before serving"));
+    CHECK(app.stdout_text().find("listening on") == std::string::npos);
   }
 }
