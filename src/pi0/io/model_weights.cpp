@@ -325,7 +325,7 @@ std::string load_checkpoint_weights(model::Pi0Impl& model, const std::string& ch
                                     const std::string& base_override, const std::string& override_hint,
                                     bool reinit_mismatched_projections, bool exact_dtypes) {
   namespace fs = std::filesystem;
-  const auto model_file = (fs::path(checkpoint_dir) / "model.safetensors").string();
+  const auto model_file = (fs::path(checkpoint_dir) / kModelFile).string();
   const auto ref = read_base_ref(checkpoint_dir);
   if (!ref) {
     LoadOptions own;

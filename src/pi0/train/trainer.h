@@ -1,8 +1,10 @@
 // The training job: flow-matching fine-tuning of pi0 / pi0.5 with AdamW, warmup-cosine LR, clipping, EMA,
 // gradient accumulation, freezing presets / LoRA, mixed precision and exact resume. The Trainer is checkpointed
-// state (step, RNG, loader position, optimizer, EMA); run() reads top to bottom in one function.
+// state (step, RNG, loader position, optimizer, EMA), which it hands to its Checkpointer (checkpointer.h) as a
+// TrainState; run() reads top to bottom in one function: resume; loop { step; maybe log; maybe save }.
 #pragma once
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <set>
 #include <optional>
@@ -20,9 +22,11 @@
 #include "pi0/io/model_weights.h"
 #include "pi0/model/activation_memory.h"
 #include "pi0/model/pi0.h"
+#include "pi0/train/checkpointer.h"
 #include "pi0/train/data_setup.h"
 #include "pi0/train/ema.h"
 #include "pi0/train/freeze.h"
+#include "pi0/train/metrics.h"
 #include "pi0/train/optimizer.h"
 
 namespace pi0::train {
@@ -142,23 +146,18 @@ class Trainer {
 
  private:
   void build_model();
-  /// The checkpoint to resume from (--resume and one exists); throws if the run dir holds checkpoints without
-  /// --resume, or a referenced file is missing. Runs before anything is built.
-  std::optional<std::string> check_run_dir();
-  /// The cheap checks of a complete checkpoint (no tensor data read): its files are present, trainer_state.json,
-  /// manifest.json and every safetensors header agree on the directory's step, and the sizes match the manifest.
-  /// Throws pi0::UserError saying what is wrong.
-  void check_checkpoint(const std::string& dir, int64_t step) const;
-  /// The newest complete checkpoint older than `below` (all when nullopt) that passes check_checkpoint; the ones
-  /// that fail go through reject_checkpoint. nullopt if the run dir holds no complete checkpoint at all.
-  std::optional<std::string> pick_checkpoint(std::optional<int64_t> below);
-  /// Strict resume: throws. Otherwise warns, naming the checkpoint and `why`, and remembers it as bad.
-  void reject_checkpoint(const std::string& dir, const std::string& why);
-  /// Loads the checkpoint while its contents are verified on other threads; throws UnusableCheckpoint if they do
-  /// not verify (checksums, non-finite values, dtypes), any other UserError for a checkpoint this run cannot use.
   /// The freeze preset, trainable regexes and attention setting, checked from shapes before anything is built.
   void check_model_settings() const;
-  void restore(const std::string& checkpoint_dir);
+  /// What a checkpoint holds of this trainer, by reference.
+  TrainState state();
+  /// The next train.grad_accum_steps batches of this rank.
+  std::vector<model::Batch> next_micro_batches();
+  /// Rank 0: stale temporary checkpoints removed, config.yaml and metrics.jsonl opened, the plan logged. Every
+  /// rank: the log interval starts.
+  void open_run_dir();
+  /// Adds a completed (not skipped) step to the log interval; at log_interval and at the last step logs the
+  /// interval's means and writes them to metrics.jsonl.
+  void log_step(const StepResult& result, double lr);
   /// Drops every trainable gradient (and, sharded, the owned accumulators).
   void zero_grads();
   int64_t local_batch() const;
@@ -184,16 +183,20 @@ class Trainer {
   at::Generator rng_;
   int64_t step_ = 0;
   int64_t nonfinite_skips_ = 0;
+  Checkpointer checkpointer_;
   std::optional<std::string> resume_dir_;  ///< checkpoint restored by run()
-  /// Checkpoints found unusable at resume: never deleted or overwritten (left for inspection), not counted by
-  /// checkpoint.keep_last.
-  std::set<int64_t> bad_steps_;
-  std::optional<std::string> newest_rejection_;  ///< why the newest rejected checkpoint failed (for the final error)
-  /// Checkpoints known good: the one resumed from (verified) and those this process wrote (hashed as written).
-  std::set<int64_t> verified_steps_;
-  /// Small checkpoints: the frozen base the run builds on, and the parameters taken unchanged from it.
-  std::optional<io::BaseWeightsRef> base_ref_;
-  std::set<std::string> base_names_;
+  /// The log interval under way: its start (wall and training-thread CPU time), summed loss, completed steps and
+  /// the reducer's statistics at its start.
+  struct Progress {
+    int64_t first_step = 0;  ///< the step run() started from
+    std::chrono::steady_clock::time_point interval_start;
+    double interval_cpu_start = 0;
+    double interval_loss = 0;
+    int64_t interval_steps = 0;
+    distributed::GradReducerStats interval_comm_start;
+  };
+  Progress progress_;
+  std::optional<MetricsWriter> metrics_;  ///< rank 0: run_dir/metrics.jsonl
 };
 
 }  // namespace pi0::train

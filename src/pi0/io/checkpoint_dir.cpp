@@ -1,4 +1,4 @@
-#include "pi0/train/checkpoint_dir.h"
+#include "pi0/io/checkpoint_dir.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -15,7 +15,7 @@
 
 namespace fs = std::filesystem;
 
-namespace pi0::train {
+namespace pi0::io {
 
 namespace {
 
@@ -182,4 +182,4 @@ std::vector<std::string> remove_stale_temp_checkpoints(const std::string& run_di
   return removed;
 }
 
-}  // namespace pi0::train
+}  // namespace pi0::io
