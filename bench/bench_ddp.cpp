@@ -26,7 +26,7 @@
 
 #include "pi0/config/config.h"
 #include "pi0/train/metrics.h"
-#include "pi0/train/rank_memory.h"
+#include "pi0/train/memory_plan.h"
 
 extern char** environ;
 namespace fs = std::filesystem;

@@ -23,6 +23,7 @@
 #include "pi0/nn/dense.h"
 #include "pi0/nn/param_device.h"
 #include "pi0/train/lr_schedule.h"
+#include "pi0/train/memory_plan.h"
 #include "pi0/train/metrics.h"
 #include "pi0/train/signals.h"
 #include "pi0/train/trainer_state.h"
@@ -57,47 +58,6 @@ std::string format_duration(double seconds) {
 }
 
 }  // namespace
-
-ParamBreakdown planned_breakdown(const config::Config& cfg) {
-  const auto layout = model::parameter_layout(model::options_from_config(cfg.model));
-  const auto mask = trainable_mask(names_of(layout), cfg.train.freeze, cfg.train.trainable_include,
-                                   cfg.train.trainable_exclude);
-  auto b = breakdown(layout, mask, cfg.train.precision, cfg.train.ema_decay > 0);
-  if (!cfg.train.weight_cast_cache) {  // casts are then made per forward and freed with the step's activations
-    b.total.cast_bytes = 0;
-    for (auto& s : b.components) s.cast_bytes = 0;
-  }
-  return b;
-}
-
-int64_t micro_batch_size(const config::TrainConfig& t, int64_t world_size) {
-  const int64_t per_step = world_size * t.grad_accum_steps;
-  if (per_step < 1 || t.batch_size % per_step != 0) {
-    throw UserError("train.batch_size must be divisible by world size (" + std::to_string(world_size) +
-                    ") × train.grad_accum_steps (" + std::to_string(t.grad_accum_steps) + ") (got " +
-                    std::to_string(t.batch_size) + ")");
-  }
-  return t.batch_size / per_step;
-}
-
-MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size) {
-  MemoryPlan plan;
-  plan.params = planned_breakdown(cfg);
-  plan.micro_batch = micro_batch_size(cfg.train, world_size);
-  // Every camera slot goes through SigLIP, present or not (a missing camera is a masked black image).
-  plan.num_cameras = static_cast<int64_t>(model::kCameraNames.size());
-  plan.activations = model::activation_memory(model::options_from_config(cfg.model), plan.micro_batch,
-                                              plan.num_cameras, cfg.train.precision == "float32" ? 4 : 2,
-                                              cfg.train.gradient_checkpointing);
-  // The floor was measured with batches of one sample; larger batches add their queued and in-flight images
-  // (without workers the loader builds one batch at a time on the trainer's thread).
-  const int64_t local_batch = plan.micro_batch;  // what the loader builds per next()
-  const int64_t image_bytes = plan.num_cameras * 3 * cfg.model.image_size * cfg.model.image_size * 4;
-  const int64_t batches_held = cfg.data.num_workers == 0 ? 1 : cfg.data.prefetch + cfg.data.num_workers;
-  plan.runtime_bytes = MemoryPlan::kRuntimeFloorBytes + batches_held * (local_batch - 1) * image_bytes;
-  plan.allocator_slack_bytes = plan.activations.peak();
-  return plan;
-}
 
 Trainer::Trainer(config::Config cfg, RunOptions options)
     : cfg_(std::move(cfg)),
@@ -241,32 +201,16 @@ void Trainer::build_model() {
     spdlog::info("dist.shard={}: nothing to partition in a single-process run", cfg_.dist.shard);
     shard_mode = distributed::ShardMode::kNone;
   }
+  grad_sync_ = distributed::make_grad_sync(shard_mode, pg_, trainable, cfg_.dist.bucket_size_mb << 20);
   // What this rank's AdamW and EMA update: everything, or (sharded) views of the elements it owns.
-  NamedTensors updated = trainable;
-  if (shard_mode != distributed::ShardMode::kNone) {
-    shards_ = std::make_unique<distributed::ParameterShards>(*pg_, trainable);
-    updated = shards_->owned_views();
-  }
-  optimizer_ = std::make_unique<AdamW>(updated, ao);
-  if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(updated, cfg_.train.ema_decay);
-  if (pg_) {
-    const int64_t bucket_bytes = cfg_.dist.bucket_size_mb << 20;
-    if (shard_mode == distributed::ShardMode::kGradients) {
-      sharded_reducer_ = std::make_unique<distributed::ShardedGradReducer>(*pg_, trainable, shards_->layout(),
-                                                                           bucket_bytes, 2 * bucket_bytes);
-      if (options_.rank == 0) spdlog::info("data parallel: {} ranks, gradients reduced to their owners (at most {} MB "
-                                           "in flight), backend {}", options_.world_size, 2 * cfg_.dist.bucket_size_mb,
-                                           pg_->backend_name());
-    } else {
-      reducer_ = std::make_unique<distributed::GradReducer>(*pg_, trainable, bucket_bytes);
-      if (options_.rank == 0) spdlog::info("data parallel: {} ranks, {} gradient buckets of <= {} MB, backend {}",
-                                           options_.world_size, reducer_->num_buckets(), cfg_.dist.bucket_size_mb,
-                                           pg_->backend_name());
-    }
-    if (shards_ && options_.rank == 0) {
+  optimizer_ = std::make_unique<AdamW>(grad_sync_->updated(), ao);
+  if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(grad_sync_->updated(), cfg_.train.ema_decay);
+  if (pg_ && options_.rank == 0) {
+    spdlog::info("{}", grad_sync_->describe());
+    if (const auto* shards = grad_sync_->shards()) {
       spdlog::info("dist.shard={}: each rank keeps AdamW state{} for its share of the trainable elements (largest "
                    "share {:.1f} MB)", cfg_.dist.shard, ema_ ? " and EMA" : "",
-                   static_cast<double>(shards_->layout().max_bytes()) / 1e6);
+                   static_cast<double>(shards->layout().max_bytes()) / 1e6);
     }
   }
 
@@ -325,7 +269,7 @@ TrainState Trainer::state() {
   s.ema = ema_.get();
   s.rng = &rng_;
   s.loader = data_.loader.get();
-  s.shards = shards_.get();
+  s.shards = grad_sync_->shards();
   s.trainable = &trainable_params_;
   s.step = &step_;
   s.nonfinite_skips = &nonfinite_skips_;
@@ -427,7 +371,7 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   StepResult result;
   double loss_sum = 0;
   for (int64_t micro = 0; micro < n_micro; ++micro) {
-    if (reducer_) reducer_->enable_sync(micro + 1 == n_micro);  // all-reduce on the last only
+    grad_sync_->before_backward(micro, n_micro);
     const auto& batch = micro_batches[static_cast<size_t>(micro)];
     // Batches come pinned on CUDA (LoaderOptions::pin_memory): the copies overlap with queued GPU work.
     const bool async = device_.is_cuda();
@@ -450,38 +394,15 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
     auto loss = model_->compute_loss(obs, actions, noise, time).mean();
     (loss / static_cast<double>(n_micro)).backward();
     loss_sum += loss.item<double>();
-    if (sharded_reducer_) sharded_reducer_->wait();  // every micro-step: owners accumulate, the rest is freed
+    grad_sync_->after_backward(micro, n_micro);
   }
-  if (reducer_) reducer_->wait();  // gradients are now the mean over ranks, identical everywhere
-  nn::clear_cast_cache(*model_);   // the step's bf16 weight copies: the optimizer is about to change the weights
+  nn::clear_cast_cache(*model_);  // the step's bf16 weight copies: the optimizer is about to change the weights
   result.loss = loss_sum / static_cast<double>(n_micro);
   const double max_norm = t.clip_grad_norm > 0 ? t.clip_grad_norm : std::numeric_limits<double>::infinity();
-  // The gradients this rank's optimizer applies: all of them, or the owned elements' (sharded).
-  std::vector<torch::Tensor> grads;
-  if (sharded_reducer_) {
-    grads = sharded_reducer_->finish_step();
-  } else if (shards_) {
-    grads = shards_->owned_grad_views();
-  } else {
-    for (const auto& [name, p] : trainable_params_) grads.push_back(p.grad());
-  }
-  last_grad_bytes_ = 0;
-  if (sharded_reducer_) {
-    last_grad_bytes_ = sharded_reducer_->held_bytes();
-  } else {
-    for (const auto& [name, p] : trainable_params_)
-      if (p.grad().defined()) last_grad_bytes_ += p.grad().numel() * static_cast<int64_t>(p.grad().element_size());
-  }
-  std::function<double(double)> sum_over_ranks;
-  if (shards_) {
-    // Each rank holds a disjoint part of the gradient: the squared norms add up across ranks.
-    sum_over_ranks = [this](double local) {
-      auto x = torch::tensor({local}, torch::kFloat64);
-      pg_->all_reduce_sum(x, "gradient norm");
-      return x.item<double>();
-    };
-  }
-  result.grad_norm = clip_gradients(grads, max_norm, sum_over_ranks);
+  // The gradients this rank's optimizer applies (mean over ranks): all of them, or the owned elements' (sharded).
+  std::vector<torch::Tensor> grads = grad_sync_->gradients();
+  last_grad_bytes_ = grad_sync_->held_grad_bytes();
+  result.grad_norm = clip_gradients(grads, max_norm, grad_sync_->norm_sum_over_ranks());
   // Decisions every rank must take alike: a non-finite loss on any rank, a stop signal on any rank.
   bool loss_finite = std::isfinite(result.loss);
   result.stop = stop_requested();
@@ -497,7 +418,7 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
       spdlog::warn("step {} on rank {}: non-finite loss ({}) or gradient norm ({}); update skipped ({} of {} "
                    "allowed by train.max_nonfinite_skips)",
                    step_ + 1, options_.rank, result.loss, result.grad_norm, nonfinite_skips_, t.max_nonfinite_skips);
-      zero_grads();
+      grad_sync_->clear();
       result.skipped = true;
       return result;
     }
@@ -509,17 +430,11 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   }
   optimizer_->step(lr, grads);
   grads.clear();
-  zero_grads();
+  grad_sync_->clear();
   // Every rank's updated elements reach all ranks before the EMA (which reads only owned ones) and the next forward.
-  if (shards_) shards_->broadcast_updates(cfg_.dist.bucket_size_mb << 20, 2 * (cfg_.dist.bucket_size_mb << 20));
+  grad_sync_->after_update();
   if (ema_) ema_->update();
   return result;
-}
-
-void Trainer::zero_grads() {
-  for (auto& [name, p] : trainable_params_)
-    if (p.grad().defined()) p.mutable_grad() = torch::Tensor();
-  if (sharded_reducer_) sharded_reducer_->clear();
 }
 
 Trainer::RankStateBytes Trainer::rank_state_bytes() const {

@@ -14,13 +14,9 @@
 
 #include "pi0/config/config.h"
 #include "pi0/data/loader.h"
-#include "pi0/distributed/grad_reducer.h"
-#include "pi0/distributed/parameter_shards.h"
+#include "pi0/distributed/grad_sync.h"
 #include "pi0/distributed/process_group.h"
-#include "pi0/distributed/shard_layout.h"
-#include "pi0/distributed/sharded_grad_reducer.h"
 #include "pi0/io/model_weights.h"
-#include "pi0/model/activation_memory.h"
 #include "pi0/model/pi0.h"
 #include "pi0/train/checkpointer.h"
 #include "pi0/train/data_setup.h"
@@ -61,54 +57,6 @@ struct StepResult {
   bool stop = false;       ///< a stop signal reached some rank (checked alongside the loss, in one collective)
 };
 
-/// Trainable-parameter breakdown of the configured model computed from shapes only (full-size models are never
-/// allocated), under the configured freeze preset, precision and EMA setting.
-ParamBreakdown planned_breakdown(const config::Config& cfg);
-
-/// Planned memory of one training rank: the persistent state of planned_breakdown (weights, AdamW, EMA, cast
-/// cache) and, during the step, the activations of one micro-batch (batch_size / (world size ·
-/// grad_accum_steps)) and the gradients. Gradients exist only from backward to the optimizer step (zero_grad
-/// frees them), and backward frees activations as it creates gradients, so the step holds the larger of the two
-/// (see model/activation_memory.h), not their sum. peak_bytes() is what the tensor allocator holds at the peak;
-/// the process's resident memory (peak RSS) adds the runtime and the allocator's slack: resident_peak_bytes().
-struct MemoryPlan {
-  /// Resident memory of pi0-train beyond its tensors and the allocator slack: shared libraries' pages, thread
-  /// stacks, the BLAS's buffers, LibTorch's own allocations, the dataset index and the tokenizer. Calibrated on a
-  /// training run of a model of almost no size (dummy / tiny variants, vocabulary 1024, batch 1, 224 px, one loader
-  /// worker; x86-64 Debian LibTorch 1.13, OpenBLAS, glibc 2.36): its peak RSS, median 0.46 GiB of 5 runs (0.42-
-  /// 0.49), minus its own planned tensors (0.11 GiB, mostly activations) and slack (0.11 GiB). 0.13 GiB of it are
-  /// the libraries' pages (RssFile). The same with 1 or 2 threads. The full-size presets and a mid-size full
-  /// fine-tune check the calibrated plan (docs/benchmarks.md, issue 15).
-  static constexpr int64_t kRuntimeFloorBytes = 248ll << 20;
-
-  ParamBreakdown params;
-  model::ActivationMemory activations;
-  int64_t micro_batch = 0;
-  int64_t num_cameras = 0;
-  /// kRuntimeFloorBytes plus the data loader's batches beyond the one-sample batches of the floor: (data.prefetch
-  /// queued + one per worker being built) · (per-rank batch − 1) float32 images (cameras · 3 · image_size² · 4 B).
-  int64_t runtime_bytes = 0;
-  /// Freed memory glibc keeps resident at the peak: one activation working set (activations.peak()). Tensors
-  /// below glibc's mmap threshold come from its heaps, and the threshold rises to the largest block freed (up to
-  /// 32 MiB: after the model build, every activation-sized tensor); backward and the recomputation of
-  /// checkpointed layers allocate while the forward's freed blocks of other sizes are still on the free lists.
-  /// Measured at full size (batch 1, activation set 0.40 GiB): a fixed 1 MiB threshold
-  /// (MALLOC_MMAP_THRESHOLD_=1048576) lowered the peak RSS of the presets by 0.49-0.78 GiB, at 3-5× the page
-  /// faults, which is why glibc's default stays; the predictions stay 1-7 % below the measured peaks.
-  int64_t allocator_slack_bytes = 0;
-  int64_t peak_bytes() const {
-    const int64_t grads = params.total.grad_bytes;
-    return params.total.memory_bytes() - grads +
-           std::max(activations.saved, grads + activations.last_layer) + activations.transient;
-  }
-  int64_t resident_peak_bytes() const { return peak_bytes() + runtime_bytes + allocator_slack_bytes; }
-};
-/// Planned for `world_size` ranks; UserError when the global batch does not split evenly (as training would).
-MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size = 1);
-/// Samples per rank per micro-step (what the loader builds per next()): train.batch_size / (world size ·
-/// train.grad_accum_steps). UserError naming both when it does not divide.
-int64_t micro_batch_size(const config::TrainConfig& t, int64_t world_size);
-
 class Trainer {
  public:
   Trainer(config::Config cfg, RunOptions options = {});
@@ -133,9 +81,7 @@ class Trainer {
   /// Writes a checkpoint of the current state (run() calls it at save_interval and at the end).
   std::string save_checkpoint();
   /// Gradient reduction statistics (nullptr in single-process runs).
-  const distributed::GradReducerStats* reducer_stats() const {
-    return reducer_ ? &reducer_->stats() : sharded_reducer_ ? &sharded_reducer_->stats() : nullptr;
-  }
+  const distributed::GradReducerStats* reducer_stats() const { return grad_sync_ ? grad_sync_->stats() : nullptr; }
   /// Tensor bytes of training state this rank holds (what dist.shard partitions), measured from the tensors.
   struct RankStateBytes {
     int64_t optimizer = 0;  ///< AdamW moments
@@ -158,8 +104,6 @@ class Trainer {
   /// Adds a completed (not skipped) step to the log interval; at log_interval and at the last step logs the
   /// interval's means and writes them to metrics.jsonl.
   void log_step(const StepResult& result, double lr);
-  /// Drops every trainable gradient (and, sharded, the owned accumulators).
-  void zero_grads();
   int64_t local_batch() const;
   void check_and_sync_replicas();
 
@@ -170,11 +114,10 @@ class Trainer {
   std::vector<bool> trainable_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;
-  std::shared_ptr<distributed::ProcessGroup> pg_;      ///< null in single-process runs
-  std::unique_ptr<distributed::GradReducer> reducer_;  ///< several ranks, dist.shard none or optimizer
-  /// This rank's share of the parameters when sharded: the optimizer and EMA hold only it.
-  std::unique_ptr<distributed::ParameterShards> shards_;
-  std::unique_ptr<distributed::ShardedGradReducer> sharded_reducer_;  ///< dist.shard=gradients
+  std::shared_ptr<distributed::ProcessGroup> pg_;  ///< null in single-process runs
+  /// Gradient synchronisation (none, DDP, ZeRO-1, ZeRO-2 by dist.shard); also says what this rank's optimizer and
+  /// EMA update (everything, or its share of the elements).
+  std::unique_ptr<distributed::GradSync> grad_sync_;
   NamedTensors trainable_params_;  ///< every trainable parameter, whatever this rank's share
   int64_t last_grad_bytes_ = 0;
   DataPipeline data_;
