@@ -40,6 +40,7 @@
 #include "pi0/common/check.h"
 #include "pi0/common/threads.h"
 #include "pi0/config/config.h"
+#include "pi0/data/config_options.h"
 #include "pi0/data/dataset.h"
 #include "pi0/data/example_data.h"
 #include "pi0/data/norm_stats.h"
@@ -284,7 +285,7 @@ int run_parent(Args a) {
   const auto cfg0 = bench_config(a, a.batches.empty() ? 0 : a.batches.front());
   int64_t frames = 0;
   {
-    data::RobotDataset dataset(train::dataset_options(cfg0));
+    data::RobotDataset dataset(data::dataset_options(cfg0));
     frames = dataset.size();
     data::save_norm_stats(data::compute_norm_stats(dataset), cfg0.data.norm_stats);
   }

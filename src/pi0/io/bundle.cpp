@@ -10,6 +10,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/data/aloha.h"
+#include "pi0/data/config_options.h"
 #include "pi0/data/observation_file.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/io/checkpoint_files.h"
@@ -20,7 +21,6 @@
 #include "pi0/model/model_config.h"
 #include "pi0/nn/dense.h"
 #include "pi0/nn/param_device.h"
-#include "pi0/train/data_setup.h"
 
 namespace fs = std::filesystem;
 
@@ -281,7 +281,7 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
   b.dir = dir;
   b.config = config::load_config((d / kConfigYaml).string());
   const fs::path stats_path = d / b.config.data.norm_stats;
-  b.transform = train::transform_options(b.config).resolved();
+  b.transform = data::transform_options(b.config).resolved();
   if (b.transform.norm != "none") {
     if (!fs::exists(stats_path))
       throw UserError(stats_path.string() + ": missing; expected a bundle written by pi0-export");

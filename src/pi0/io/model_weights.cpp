@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/shape_str.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/model/param_layout.h"
@@ -31,12 +32,6 @@ std::string join(const std::vector<std::string>& v, size_t limit = 12) {
   std::ostringstream os;
   for (size_t i = 0; i < v.size() && i < limit; ++i) os << (i ? ", " : "") << v[i];
   if (v.size() > limit) os << ", ... (" << v.size() - limit << " more)";
-  return os.str();
-}
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
   return os.str();
 }
 
