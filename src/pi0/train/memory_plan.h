@@ -46,11 +46,8 @@ ParamBreakdown planned_breakdown(const config::Config& cfg);
 struct MemoryPlan {
   /// Resident memory of pi0-train beyond its tensors and the allocator slack: shared libraries' pages, thread
   /// stacks, the BLAS's buffers, LibTorch's own allocations, the dataset index and the tokenizer. Calibrated on a
-  /// training run of a model of almost no size (dummy / tiny variants, vocabulary 1024, batch 1, 224 px, one loader
-  /// worker; x86-64 Debian LibTorch 1.13, OpenBLAS, glibc 2.36): its peak RSS, median 0.46 GiB of 5 runs (0.42-
-  /// 0.49), minus its own planned tensors (0.11 GiB, mostly activations) and slack (0.11 GiB). 0.13 GiB of it are
-  /// the libraries' pages (RssFile). The same with 1 or 2 threads. The full-size presets and a mid-size full
-  /// fine-tune check the calibrated plan (docs/benchmarks.md, issue 15).
+  /// training run of a model of almost no size (the calibration and its checks at full size: docs/benchmarks.md,
+  /// "Full-size start-up, memory and checkpoints").
   static constexpr int64_t kRuntimeFloorBytes = 248ll << 20;
 
   ParamBreakdown params;
@@ -60,13 +57,10 @@ struct MemoryPlan {
   /// kRuntimeFloorBytes plus the data loader's batches beyond the one-sample batches of the floor: (data.prefetch
   /// queued + one per worker being built) · (per-rank batch − 1) float32 images (cameras · 3 · image_size² · 4 B).
   int64_t runtime_bytes = 0;
-  /// Freed memory glibc keeps resident at the peak: one activation working set (activations.peak()). Tensors
-  /// below glibc's mmap threshold come from its heaps, and the threshold rises to the largest block freed (up to
-  /// 32 MiB: after the model build, every activation-sized tensor); backward and the recomputation of
-  /// checkpointed layers allocate while the forward's freed blocks of other sizes are still on the free lists.
-  /// Measured at full size (batch 1, activation set 0.40 GiB): a fixed 1 MiB threshold
-  /// (MALLOC_MMAP_THRESHOLD_=1048576) lowered the peak RSS of the presets by 0.49-0.78 GiB, at 3-5× the page
-  /// faults, which is why glibc's default stays; the predictions stay 1-7 % below the measured peaks.
+  /// Freed memory glibc keeps resident at the peak: one activation working set (activations.peak()), because
+  /// glibc's mmap threshold rises to the largest block freed and backward allocates while the forward's freed
+  /// blocks are still on its free lists (measurements, and why glibc's default threshold stays:
+  /// docs/benchmarks.md, "Full-size start-up, memory and checkpoints").
   int64_t allocator_slack_bytes = 0;
   int64_t peak_bytes() const {
     const int64_t grads = params.total.grad_bytes;
