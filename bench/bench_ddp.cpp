@@ -27,7 +27,7 @@
 #include "pi0/common/fs.h"
 #include "pi0/config/config.h"
 #include "pi0/train/metrics.h"
-#include "pi0/train/rank_memory.h"
+#include "pi0/train/memory_plan.h"
 
 extern char** environ;
 namespace fs = pi0::posix_fs;

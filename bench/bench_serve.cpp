@@ -29,7 +29,7 @@
 #include "pi0/serve/msgpack_numpy.h"
 #include "pi0/serve/policy.h"
 #include "pi0/serve/server.h"
-#include "pi0/train/data_setup.h"
+#include "pi0/data/config_options.h"
 
 using namespace pi0;
 using Clock = std::chrono::steady_clock;
@@ -73,7 +73,7 @@ io::Bundle bench_bundle(const std::string& config_path, const torch::Device& dev
   io::Bundle b;
   b.dir = config_path;
   b.config = config::load_config(config_path);
-  b.transform = train::transform_options(b.config).resolved();
+  b.transform = data::transform_options(b.config).resolved();
   data::KeyStats k;
   for (int d = 0; d < 8; ++d) {
     k.mean.push_back(0.0);

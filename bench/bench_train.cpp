@@ -30,6 +30,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -42,10 +43,12 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
+#include "pi0/app/cli.h"
 #include "pi0/common/check.h"
 #include "pi0/common/fs.h"
 #include "pi0/common/threads.h"
 #include "pi0/config/config.h"
+#include "pi0/data/config_options.h"
 #include "pi0/data/dataset.h"
 #include "pi0/data/example_data.h"
 #include "pi0/data/norm_stats.h"
@@ -94,40 +97,41 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-Args parse_args(int argc, char** argv) {
+// Flags through the shared command-line layer (--help lists them); std::nullopt when --help/--version answered.
+std::optional<Args> parse_args(int argc, char** argv) {
   Args a;
-  auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) throw UserError(std::string(argv[i]) + " needs a value");
-    return argv[++i];
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--config") a.config = value(i);
-    else if (k == "--steps") a.steps = std::stoi(value(i));
-    else if (k == "--warmup") a.warmup = std::stoi(value(i));
-    else if (k == "--batches") {
-      a.batches.clear();
-      for (const auto& b : split(value(i))) a.batches.push_back(std::stoll(b));
-    } else if (k == "--precisions") a.precisions = split(value(i));
-    else if (k == "--workers") a.workers = std::stoll(value(i));
-    else if (k == "--no-augment") a.augment = false;
-    else if (k == "--threads") a.threads = std::stoi(value(i));
-    else if (k == "--json") a.json = value(i);
-    else if (k == "--dir") a.dir = value(i);
-    else if (k == "--tokenizer") a.tokenizer = value(i);
-    else if (k == "--child") a.child = true;
-    else if (k == "--device") a.device = value(i);
-    else if (k == "--peak-tflops") a.peak_tflops = std::stod(value(i));
-    else if (k == "--freeze") a.freeze = value(i);
-    else if (k == "--checkpointing-modes") a.checkpointing_modes = value(i);
-    else if (k == "--save-checkpoint") a.save_checkpoint = true;
-    else if (k == "--precision") a.precision = value(i);
-    else if (k == "--checkpointing") a.checkpointing = value(i) == "1";
-    else if (k == "--batch") a.batch = std::stoll(value(i));
-    else if (k == "--out") a.out = value(i);
-    else throw UserError("unknown argument '" + k + "' (see the usage line at the top of bench/bench_train.cpp)");
+  std::string batches, precisions;
+  auto cli = app::make_parser("bench_train", "Throughput and peak memory of full training steps through the real "
+                                             "Trainer (precision x gradient checkpointing x batch).");
+  cli->add_option("--config", a.config, "model and train config")->check(app::non_empty());
+  cli->add_option("--steps", a.steps, "timed optimizer steps per configuration")->check(app::int_in(1));
+  cli->add_option("--warmup", a.warmup, "untimed steps first")->check(app::int_in(0));
+  cli->add_option("--batches", batches, "batch sizes, comma-separated (default: train.batch_size)");
+  cli->add_option("--precisions", precisions, "train.precision rows, comma-separated (default: float32,bf16-mixed)");
+  cli->add_option("--workers", a.workers, "data.num_workers")->check(app::int_in(0));
+  cli->add_flag_callback("--no-augment", [&] { a.augment = false; }, "data.augment=false");
+  cli->add_option("--threads", a.threads, "ATen threads (0: LibTorch's default)")->check(app::int_in(0));
+  cli->add_option("--json", a.json, "also write the rows as JSON here")->check(app::non_empty());
+  cli->add_option("--dir", a.dir, "where the example dataset and the runs go")->check(app::non_empty());
+  cli->add_option("--tokenizer", a.tokenizer, "sentencepiece model (default: data/tokenizer/tiny_spm.model)");
+  cli->add_option("--device", a.device, "cpu, cuda or cuda:N");
+  cli->add_option("--peak-tflops", a.peak_tflops, "the device's dense bf16 peak: adds model FLOPs utilization");
+  cli->add_option("--freeze", a.freeze, "train.freeze preset for every row");
+  cli->add_option("--checkpointing-modes", a.checkpointing_modes, "gradient checkpointing rows: 0 (off), 1 (on)");
+  cli->add_flag("--save-checkpoint", a.save_checkpoint, "also save the final checkpoint (off: benchmarks measure steps)");
+  // One configuration in a fresh process (the parent runs this binary with them).
+  cli->add_flag("--child", a.child, "internal: run one configuration")->group("");
+  cli->add_option("--precision", a.precision, "internal")->group("");
+  cli->add_option_function<std::string>("--checkpointing", [&](const std::string& v) { a.checkpointing = v == "1"; },
+                                        "internal")->group("");
+  cli->add_option("--batch", a.batch, "internal")->group("");
+  cli->add_option("--out", a.out, "internal: the child's result file")->group("");
+  if (app::parse(*cli, argc, argv)) return std::nullopt;
+  if (!batches.empty()) {
+    a.batches.clear();
+    for (const auto& b : split(batches)) a.batches.push_back(std::stoll(b));
   }
-  if (a.steps < 1 || a.warmup < 0) throw UserError("--steps must be >= 1 and --warmup >= 0");
+  if (!precisions.empty()) a.precisions = split(precisions);
   if (a.tokenizer.empty()) {
     // Run from the repo root or build/ (or pass --tokenizer).
     for (const char* c : {"data/tokenizer/tiny_spm.model", "../data/tokenizer/tiny_spm.model"})
@@ -331,7 +335,7 @@ int run_parent(Args a) {
   const auto cfg0 = bench_config(a, a.batches.empty() ? 0 : a.batches.front());
   int64_t frames = 0;
   {
-    data::RobotDataset dataset(train::dataset_options(cfg0));
+    data::RobotDataset dataset(data::dataset_options(cfg0));
     frames = dataset.size();
     data::save_norm_stats(data::compute_norm_stats(dataset), cfg0.data.norm_stats);
   }
@@ -441,11 +445,9 @@ int run_parent(Args a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const Args args = parse_args(argc, argv);
-    return args.child ? run_child(args) : run_parent(args);
-  } catch (const std::exception& e) {
-    std::cerr << "bench_train: " << e.what() << "\n";
-    return 1;
-  }
+  return app::run_app("bench_train", [&] {
+    const auto args = parse_args(argc, argv);
+    if (!args) return 0;
+    return args->child ? run_child(*args) : run_parent(*args);
+  });
 }

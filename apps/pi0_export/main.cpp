@@ -12,7 +12,7 @@
 #include "pi0/common/fs.h"
 #include "pi0/common/threads.h"
 #include "pi0/io/bundle.h"
-#include "pi0/train/checkpoint_dir.h"
+#include "pi0/io/checkpoint_dir.h"
 
 namespace {
 
@@ -20,14 +20,14 @@ namespace {
 std::string resolve_checkpoint(const std::string& path) {
   namespace fs = pi0::posix_fs;
   if (!fs::is_directory(path)) throw pi0::UserError("--checkpoint: '" + path + "' is not a directory");
-  if (fs::exists(fs::path(path) / pi0::train::kCompleteMarker)) return path;
-  if (auto newest = pi0::train::newest_complete_checkpoint(path)) {
+  if (fs::exists(fs::path(path) / pi0::io::kCompleteMarker)) return path;
+  if (auto newest = pi0::io::newest_complete_checkpoint(path)) {
     spdlog::info("{}: newest complete checkpoint is step {} ({})", path, newest->first, newest->second);
     return newest->second;
   }
   throw pi0::UserError("--checkpoint: '" + path + "' is neither a complete checkpoint (no " +
-                       pi0::train::kCompleteMarker + ") nor a run directory with complete checkpoints in " +
-                       pi0::train::checkpoints_dir(path));
+                       pi0::io::kCompleteMarker + ") nor a run directory with complete checkpoints in " +
+                       pi0::io::checkpoints_dir(path));
 }
 
 int export_main(int argc, char** argv) {

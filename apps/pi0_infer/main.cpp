@@ -16,6 +16,7 @@
 
 #include "pi0/app/cli.h"
 #include "pi0/common/check.h"
+#include "pi0/common/shape_str.h"
 #include "pi0/common/threads.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/io/bundle.h"
@@ -23,18 +24,14 @@
 
 namespace {
 
+using pi0::shape_str;
+
 struct Args {
   std::string bundle, obs, out, noise, device = "cpu", cuda_graph = "on", dtype;
   std::optional<std::string> prompt;
   int64_t num_steps = 10;
   bool loss = false;
 };
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
 
 // `what` in `tensors` as float32 of exactly `shape`; UserError naming the file and key otherwise.
 torch::Tensor float_of_shape(const std::map<std::string, torch::Tensor>& tensors, const std::string& key,

@@ -14,7 +14,7 @@
 #include "pi0/app/cli.h"
 #include "pi0/common/check.h"
 #include "pi0/config/config.h"
-#include "pi0/train/data_setup.h"
+#include "pi0/data/config_options.h"
 #include "pi0/data/dataset.h"
 #include "pi0/data/norm_stats.h"
 
@@ -71,7 +71,7 @@ int norm_stats_main(int argc, char** argv) {
   if (!config_path.empty()) {
     // The dataset, horizon and delta mask of a training config; the output goes to its data.norm_stats.
     const auto cfg = pi0::config::load_config(config_path, overrides);
-    opt = pi0::train::dataset_options(cfg);
+    opt = pi0::data::dataset_options(cfg);
     stats_opt.delta_action_mask = cfg.data.delta_action_mask;
     if (out.empty()) out = cfg.data.norm_stats;
     if (out.empty()) throw pi0::UserError(config_path + ": data.norm_stats is not set and no --out was given");

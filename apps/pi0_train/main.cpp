@@ -23,7 +23,7 @@
 #include "pi0/distributed/dist_env.h"
 #include "pi0/distributed/process_group.h"
 #include "pi0/train/freeze.h"
-#include "pi0/train/rank_memory.h"
+#include "pi0/train/memory_plan.h"
 #include "pi0/train/sample_dump.h"
 #include "pi0/train/signals.h"
 #include "pi0/train/trainer.h"

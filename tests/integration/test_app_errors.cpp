@@ -14,7 +14,7 @@
 #include <fstream>
 
 #include "pi0/config/config.h"
-#include "pi0/train/checkpoint_dir.h"
+#include "pi0/io/checkpoint_dir.h"
 #include "pi0/train/trainer.h"
 #include "support/app_process.h"
 #include "support/skip.h"
@@ -142,7 +142,7 @@ TEST_CASE("pi0-train --resume: malformed or unreadable checkpoints are one-line 
     train::Trainer t(run.config("run", {"train.num_steps=2"}));
     t.run();
   }
-  const auto ckpt = train::newest_complete_checkpoint(run.dir.str("run"));
+  const auto ckpt = io::newest_complete_checkpoint(run.dir.str("run"));
   REQUIRE(ckpt);
   const std::string state_file = ckpt->second + "/trainer_state.json";
   const std::string original = slurp(state_file);
@@ -226,5 +226,5 @@ TEST_CASE("SIGTERM during pi0-train start-up exits 0: stopped before the first s
   // The message is a line of its own (after the signal handler's notice).
   CHECK_THAT("\n" + err_text, Contains("\nstopped before the first step; nothing to save\n"));
   CHECK_THAT(out_text, !Contains(kBuildingModel));
-  CHECK(!train::newest_complete_checkpoint(run.dir.str("run")));
+  CHECK(!io::newest_complete_checkpoint(run.dir.str("run")));
 }

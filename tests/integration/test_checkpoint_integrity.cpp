@@ -13,7 +13,7 @@
 #include "pi0/common/check.h"
 #include "pi0/io/manifest.h"
 #include "pi0/io/safetensors.h"
-#include "pi0/train/checkpoint_dir.h"
+#include "pi0/io/checkpoint_dir.h"
 #include "pi0/train/trainer.h"
 #include "support/corrupt.h"
 #include "support/test_support.h"
@@ -166,7 +166,7 @@ TEST_CASE("resume falls back to the newest checkpoint that verifies and leaves t
   for (const auto& e : fs::recursive_directory_iterator(ck + "/6"))
     if (e.is_regular_file()) after[e.path().string()] = testing::read_bytes(e.path().string());
   CHECK(before == after);
-  CHECK(train::complete_checkpoints(fs::path(ck).parent_path().string()) == std::vector<int64_t>{3, 6});
+  CHECK(io::complete_checkpoints(fs::path(ck).parent_path().string()) == std::vector<int64_t>{3, 6});
   // Strict mode refuses instead.
   CHECK_THAT(f.strict_error("fallback"), Contains(ck + "/6") && Contains("does not verify") &&
                                              Contains("not falling back"));
@@ -181,14 +181,14 @@ TEST_CASE("keep_last rotation keeps a verified checkpoint, and a bad one is neve
   const auto bad_bytes = testing::read_bytes(ck + "/6/optimizer.safetensors");
   // keep_last=1 used to keep only the newest (the bad step 6) and delete every checkpoint this run wrote.
   CHECK(f.resume("rotate", 5, {"checkpoint.save_interval=1", "checkpoint.keep_last=1"}) == 5);
-  CHECK(train::complete_checkpoints(run_dir) == std::vector<int64_t>{5, 6});
+  CHECK(io::complete_checkpoints(run_dir) == std::vector<int64_t>{5, 6});
   CHECK_NOTHROW(check_verifies(ck + "/5"));
   CHECK(testing::read_bytes(ck + "/6/optimizer.safetensors") == bad_bytes);
   // Reaching step 6 again: the new checkpoint does not replace the bad one, which is kept aside.
   CHECK(f.resume("rotate", 6, {"checkpoint.save_interval=1", "checkpoint.keep_last=1"}) == 6);
   CHECK(testing::read_bytes(ck + "/6.unverified/optimizer.safetensors") == bad_bytes);
   CHECK_NOTHROW(check_verifies(ck + "/6"));
-  CHECK(train::complete_checkpoints(run_dir) == std::vector<int64_t>{6});
+  CHECK(io::complete_checkpoints(run_dir) == std::vector<int64_t>{6});
 }
 
 TEST_CASE("a checkpoint from before manifests resumes with a warning, strict mode refuses it",
@@ -226,6 +226,6 @@ TEST_CASE("a save that fails (disk full) leaves no .tmp directory and the older 
   ::signal(SIGXFSZ, old_handler);
   CHECK_THAT(error, Contains("write failed"));
   for (const auto& e : fs::directory_iterator(ck)) CHECK(e.path().filename().string().rfind(".tmp", 0) != 0);
-  CHECK(train::complete_checkpoints(fs::path(ck).parent_path().string()) == std::vector<int64_t>{3, 6});
+  CHECK(io::complete_checkpoints(fs::path(ck).parent_path().string()) == std::vector<int64_t>{3, 6});
   CHECK_NOTHROW(check_verifies(ck + "/6"));
 }

@@ -21,7 +21,7 @@
 #include "pi0/io/manifest.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/io/sharded_state.h"
-#include "pi0/train/checkpoint_dir.h"
+#include "pi0/io/checkpoint_dir.h"
 #include "pi0/train/metrics.h"
 #include "support/app_process.h"
 #include "support/distributed_support.h"
@@ -154,14 +154,14 @@ std::vector<double> losses(const std::string& run_dir) {
 }
 
 std::map<std::string, torch::Tensor> final_weights(const std::string& run_dir) {
-  const auto newest = pi0::train::newest_complete_checkpoint(run_dir);
+  const auto newest = pi0::io::newest_complete_checkpoint(run_dir);
   REQUIRE(newest.has_value());
   return pi0::io::read_safetensors((fs::path(newest->second) / "model.safetensors").string());
 }
 
 /// The EMA of the newest checkpoint, whole tensors, whether written by one rank or in pieces by several.
 std::map<std::string, torch::Tensor> final_ema(const std::string& run_dir) {
-  const auto dir = pi0::train::newest_complete_checkpoint(run_dir)->second;
+  const auto dir = pi0::io::newest_complete_checkpoint(run_dir)->second;
   pi0::io::StateReader reader(pi0::io::state_files(dir, "ema"));
   std::map<std::string, torch::Tensor> out;
   std::vector<pi0::io::StateReader::Request> requests;
@@ -269,10 +269,10 @@ TEST_CASE("ddp: a killed rank makes the other fail within dist.timeout_s and lea
   const pid_t r1 = spawn(args, 1, 2, port, dir.str("rank1.log"));
   // Wait until a checkpoint exists and training went on past it, then kill rank 1 hard.
   const auto start = Clock::now();
-  while ((!pi0::train::newest_complete_checkpoint(dir.str("run")) || losses(dir.str("run")).size() < 4) &&
+  while ((!pi0::io::newest_complete_checkpoint(dir.str("run")) || losses(dir.str("run")).size() < 4) &&
          Clock::now() - start < std::chrono::seconds(120))
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  REQUIRE(pi0::train::newest_complete_checkpoint(dir.str("run")).has_value());
+  REQUIRE(pi0::io::newest_complete_checkpoint(dir.str("run")).has_value());
   kill(r1, SIGKILL);
   waitpid(r1, nullptr, 0);
   const auto killed = Clock::now();
@@ -286,7 +286,7 @@ TEST_CASE("ddp: a killed rank makes the other fail within dist.timeout_s and lea
   CHECK(log.find("rank 0 of 2") != std::string::npos);
   CHECK(log.find("dist.timeout_s") != std::string::npos);
   // Whatever step the kill hit, the newest complete checkpoint verifies (sizes, checksums, finite values).
-  const auto newest = pi0::train::newest_complete_checkpoint(dir.str("run"));
+  const auto newest = pi0::io::newest_complete_checkpoint(dir.str("run"));
   REQUIRE(newest.has_value());
   const auto manifest = pi0::io::read_manifest(newest->second);
   REQUIRE(manifest.has_value());
@@ -304,7 +304,7 @@ TEST_CASE("ddp: resuming a two-rank run is exact", "[dist][integration]") {
   run_ranks(train_args(dir.str("half"), 4, {"--resume"}), 2, dir.str("resumed_rank"));
   WARN("three 2-rank runs: " << std::chrono::duration<double>(Clock::now() - t0).count() << " s");
   // Both ranks' RNG states and loader positions are in the checkpoint.
-  pi0::io::SafetensorsFile rng((fs::path(pi0::train::newest_complete_checkpoint(dir.str("half"))->second) /
+  pi0::io::SafetensorsFile rng((fs::path(pi0::io::newest_complete_checkpoint(dir.str("half"))->second) /
                                 "rng.safetensors").string());
   CHECK(rng.names().size() == 2);
   const auto full = losses(dir.str("full")), resumed = losses(dir.str("half"));
@@ -395,7 +395,7 @@ TEST_CASE("ddp: sharded optimizer state and gradients match one rank with the do
       for (const auto& [name, t] : ep) CHECK(torch::equal(t, e2.at(name)));
     }
     // Each rank wrote its own pieces; the manifest lists them.
-    const auto ckpt = pi0::train::newest_complete_checkpoint(dir.str(mode))->second;
+    const auto ckpt = pi0::io::newest_complete_checkpoint(dir.str(mode))->second;
     const auto manifest = pi0::io::read_manifest(ckpt);
     REQUIRE(manifest.has_value());
     for (const char* f : {"optimizer.rank0-of-2.safetensors", "optimizer.rank1-of-2.safetensors",
@@ -444,7 +444,7 @@ TEST_CASE("ddp: a sharded checkpoint resumes at the same world size exactly and 
   // The state at step 2, resumed by 2 ranks and by 1.
   for (const char* copy : {"two", "one"}) {
     fs::copy(dir.str("full"), dir.str(copy), fs::copy_options::recursive);
-    fs::remove_all(pi0::train::checkpoint_path(dir.str(copy), 4));
+    fs::remove_all(pi0::io::checkpoint_path(dir.str(copy), 4));
   }
   run_ranks(train_args(dir.str("two"), 4, [&] { auto s = sets; s.push_back("--resume"); return s; }()), 2,
             dir.str("two_rank"));
@@ -472,7 +472,7 @@ TEST_CASE("ddp: a sharded checkpoint resumes at the same world size exactly and 
   CHECK(worst <= kWeightTolerance);
   CHECK(worst_ema <= kWeightTolerance);
   // The world-1 continuation wrote an unsharded checkpoint.
-  CHECK(fs::exists(fs::path(pi0::train::newest_complete_checkpoint(dir.str("one"))->second) / "optimizer.safetensors"));
+  CHECK(fs::exists(fs::path(pi0::io::newest_complete_checkpoint(dir.str("one"))->second) / "optimizer.safetensors"));
 
   // Export: the sharded run's bundle equals the bundle of the same history trained without sharding.
   run_ranks(train_args(dir.str("plain"), 4, {"dist.shard=none", "train.ema_decay=0.9", "checkpoint.save_interval=2"}), 2,

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pi0/config/config.h"
-#include "pi0/train/rank_memory.h"
+#include "pi0/train/memory_plan.h"
 #include "support/app_process.h"
 
 using namespace pi0;

@@ -13,6 +13,7 @@
 #include "pi0/io/safetensors.h"
 #include "pi0/model/model_config.h"
 #include "pi0/nn/param_device.h"
+#include "pi0/train/memory_plan.h"
 #include "pi0/train/trainer.h"
 #include "support/counting_allocator.h"
 #include "support/test_support.h"

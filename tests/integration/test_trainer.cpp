@@ -13,14 +13,18 @@
 #include <fstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "pi0/common/check.h"
 #include "pi0/config/config.h"
 #include "pi0/data/dataset.h"
 #include "pi0/data/example_data.h"
 #include "pi0/data/norm_stats.h"
 #include "pi0/io/safetensors.h"
-#include "pi0/train/checkpoint_dir.h"
+#include "pi0/io/checkpoint_dir.h"
 #include "pi0/train/metrics.h"
+#include "pi0/train/signals.h"
+#include "pi0/train/trainer_state.h"
 #include "pi0/train/trainer.h"
 #include "support/test_support.h"
 #include "support/tiny_run.h"
@@ -115,7 +119,7 @@ TEST_CASE("SIGTERM finishes the step, saves, exits 0, and the run resumes", "[in
   REQUIRE(waitpid(pid, &status, 0) == pid);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  auto newest = train::newest_complete_checkpoint(run.dir.str("run"));
+  auto newest = io::newest_complete_checkpoint(run.dir.str("run"));
   REQUIRE(newest);
   const int64_t stopped_at = newest->first;
   CHECK(stopped_at >= 3);
@@ -137,6 +141,44 @@ TEST_CASE("gradient checkpointing does not change the training losses", "[integr
   for (size_t i = 0; i < la.size(); ++i) CHECK(lb[i] == Approx(la[i]).epsilon(1e-5));
 }
 
+// Golden losses (torchtitan keeps such files: a refactor must not change the loss). The first steps of the debug
+// config on the generated data, float32 on the CPU, against tests/data/golden/debug_losses.json. Regenerate, after
+// a change that is meant to change the numbers (and say why in its commit), with
+//   PI0_UPDATE_GOLDEN=1 build/tests/pi0_tests "[golden]"
+// Tolerance: what differs between machines and LibTorch builds is the order of float32 sums (BLAS kernels, thread
+// counts), each worth a relative error of about K·eps for a K-term sum (eps 6e-8, K <= 1024 in this model: 6e-5 in
+// the worst case, ~sqrt(K)·eps = 2e-6 typically), and AdamW normalizes each gradient by its own RMS, so a relative
+// error in the gradients stays a relative error of the same size in the updates rather than growing with the
+// learning rate. 5 steps keep it at that size; 1e-4 is above the worst single sum and far below a real change
+// (the losses move by ~1e-2 per step, a wrong mask or scale moves them by more than 1e-2).
+TEST_CASE("the debug config's first losses equal the golden file", "[integration][train][golden]") {
+  constexpr int64_t kSteps = 5;
+  constexpr double kRelTolerance = 1e-4;
+  const std::string golden = std::string(PI0_SOURCE_DIR) + "/tests/data/golden/debug_losses.json";
+  TinyRun run;
+  train::Trainer t(run.config("golden", {"train.num_steps=" + std::to_string(kSteps)}));
+  t.run();
+  const auto got = losses(run.dir.str("golden"));
+  REQUIRE(static_cast<int64_t>(got.size()) == kSteps);
+  if (std::getenv("PI0_UPDATE_GOLDEN")) {
+    nlohmann::json j = {{"what", "loss of each of the first optimizer steps of configs/debug.yaml as run by "
+                                 "tests/support/tiny_run.h (generated data, batch 8, one loader worker), float32 on the "
+                                 "CPU"},
+                        {"regenerate", "PI0_UPDATE_GOLDEN=1 build/tests/pi0_tests \"[golden]\""},
+                        {"losses", got}};
+    std::ofstream(golden) << j.dump(2) << "\n";
+    WARN("rewrote " << golden);
+  }
+  std::ifstream in(golden);
+  REQUIRE(in);
+  const auto want = nlohmann::json::parse(in).at("losses").get<std::vector<double>>();
+  REQUIRE(want.size() == got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(got[i] == Approx(want[i]).epsilon(kRelTolerance));
+  }
+}
+
 TEST_CASE("a diverging run stops before the optimizer step, naming the step and rank", "[integration][train]") {
   TinyRun run;
   train::Trainer t(run.config("diverge", {"train.num_steps=50", "train.lr_peak=1.0e+30", "train.lr_end=1.0e+30",
@@ -145,6 +187,60 @@ TEST_CASE("a diverging run stops before the optimizer step, naming the step and 
   train::Trainer t2(run.config("diverge2", {"train.num_steps=50", "train.lr_peak=1.0e+30", "train.lr_end=1.0e+30",
                                             "train.lr_warmup_steps=0", "train.clip_grad_norm=0"}));
   REQUIRE_THROWS_WITH(t2.run(), Contains("non-finite") && Contains("on rank 0") && Contains("before the optimizer step"));
+}
+
+namespace {
+// lr 1e30 without clipping: the first update sends the weights to about ±1e30, so every later loss is non-finite
+// and, within train.max_nonfinite_skips, its step is skipped.
+const std::vector<std::string> kDivergeAfterStep1 = {"train.lr_peak=1.0e+30", "train.lr_end=1.0e+30",
+                                                     "train.lr_warmup_steps=0", "train.clip_grad_norm=0",
+                                                     "checkpoint.save_interval=1000"};
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+}  // namespace
+
+TEST_CASE("a skipped last step still writes the final checkpoint", "[integration][train]") {
+  TinyRun run;
+  train::Trainer t(run.config("skip", with(kDivergeAfterStep1, {"train.num_steps=3", "train.max_nonfinite_skips=5"})));
+  CHECK(t.run() == 3);
+  REQUIRE(io::complete_checkpoints(run.dir.str("skip")) == std::vector<int64_t>{3});
+  const auto state = train::read_trainer_state(io::checkpoint_path(run.dir.str("skip"), 3));
+  CHECK(state.step == 3);
+  CHECK(state.nonfinite_skips == 2);                // steps 2 and 3
+  CHECK(losses(run.dir.str("skip")).size() == 1);  // skipped steps are not logged
+  // The checkpoint resumes: the skip count carries over (one more skip allowed of the 3), and the run goes on.
+  train::RunOptions resume;
+  resume.resume = true;
+  train::Trainer r(run.config("skip", with(kDivergeAfterStep1, {"train.num_steps=4", "train.max_nonfinite_skips=3"})),
+                   resume);
+  CHECK(r.run() == 4);
+  CHECK(train::read_trainer_state(io::checkpoint_path(run.dir.str("skip"), 4)).nonfinite_skips == 3);
+}
+
+TEST_CASE("a stop signal during a skipped step saves that step and stops", "[integration][train]") {
+  TinyRun run;
+  const auto run_dir = run.dir.str("stop");
+  train::Trainer t(run.config("stop", with(kDivergeAfterStep1, {"train.num_steps=40", "train.max_nonfinite_skips=100"})));
+  train::reset_stop_request();
+  train::install_stop_signal_handlers();
+  // Once step 1 (the last finite one) is logged, every later step is skipped: the signal arrives during one.
+  std::thread scheduler([&] {
+    const auto metrics = run_dir + "/metrics.jsonl";
+    for (int i = 0; i < 6000 && (!fs::exists(metrics) || train::read_metrics(metrics).empty()); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ::raise(SIGTERM);
+  });
+  const int64_t stopped_at = t.run();
+  scheduler.join();
+  train::uninstall_stop_signal_handlers();
+  train::reset_stop_request();
+  INFO("stopped at step " << stopped_at);
+  CHECK(stopped_at >= 2);
+  CHECK(stopped_at < 40);
+  REQUIRE(io::complete_checkpoints(run_dir) == std::vector<int64_t>{stopped_at});
+  CHECK(train::read_trainer_state(io::checkpoint_path(run_dir, stopped_at)).nonfinite_skips == stopped_at - 1);
 }
 
 TEST_CASE("bad runs give one-line errors and lose nothing", "[integration][train]") {
@@ -160,11 +256,11 @@ TEST_CASE("bad runs give one-line errors and lose nothing", "[integration][train
     train::Trainer t(run.config("existing", {"train.num_steps=2"}));
     t.run();
   }
-  const auto before = train::complete_checkpoints(run.dir.str("existing"));
+  const auto before = io::complete_checkpoints(run.dir.str("existing"));
   // Refused in the constructor, before any model is built.
   REQUIRE_THROWS_WITH(train::Trainer(run.config("existing", {"train.num_steps=4"})),
                       Contains("already holds checkpoints (newest: step 2); pass --resume"));
-  CHECK(train::complete_checkpoints(run.dir.str("existing")) == before);
+  CHECK(io::complete_checkpoints(run.dir.str("existing")) == before);
   REQUIRE_THROWS_WITH(train::Trainer(run.config("y", {"checkpoint.init_weights=" + run.dir.str("nope.safetensors")})),
                       Contains("checkpoint.init_weights '" + run.dir.str("nope.safetensors") + "': no such file"));
 }

@@ -1,5 +1,7 @@
 #include "pi0/common/threads.h"
 
+#include <ctime>
+
 #include <dlfcn.h>
 #include <sched.h>
 #include <unistd.h>
@@ -67,6 +69,12 @@ ThreadCounts set_num_threads(int n) {
   if (auto f = lookup<SetInt>("omp_set_num_threads")) f(threads);
   if (auto f = lookup<SetInt>("openblas_set_num_threads")) f(threads);
   return thread_counts();
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 }  // namespace pi0

@@ -28,4 +28,8 @@ int default_num_threads();
 /// The effective counts now.
 ThreadCounts thread_counts();
 
+/// CPU seconds of the calling thread: unlike wall time it ignores other processes on a shared machine, and unlike
+/// process time it leaves out worker threads (the loader's). On CUDA it counts only the host side.
+double thread_cpu_seconds();
+
 }  // namespace pi0

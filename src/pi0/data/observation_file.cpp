@@ -5,18 +5,13 @@
 #include <sstream>
 
 #include "pi0/common/check.h"
+#include "pi0/common/shape_str.h"
 #include "pi0/common/strings.h"
 #include "pi0/data/aloha.h"
 #include "pi0/data/tokenizer.h"
 
 namespace pi0::data {
 namespace {
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
 
 std::string camera_list() {
   std::string s;

@@ -11,8 +11,10 @@
 #include "pi0/common/check.h"
 #include "pi0/common/fs.h"
 #include "pi0/data/aloha.h"
+#include "pi0/data/config_options.h"
 #include "pi0/data/observation_file.h"
 #include "pi0/data/tokenizer.h"
+#include "pi0/io/checkpoint_files.h"
 #include "pi0/io/manifest.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
@@ -20,19 +22,15 @@
 #include "pi0/model/model_config.h"
 #include "pi0/nn/dense.h"
 #include "pi0/nn/param_device.h"
-#include "pi0/train/checkpoint_dir.h"
-#include "pi0/train/data_setup.h"
 
 namespace fs = pi0::posix_fs;
 
 namespace pi0::io {
 namespace {
 
-constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kEmaFile = "ema.safetensors";
-constexpr const char* kConfigYaml = "config.yaml";
-constexpr const char* kConfigJson = "config.json";
-constexpr const char* kTokenizerFile = "tokenizer.model";
+// File names: checkpoint_files.h.
+constexpr const char* kConfigYaml = kConfigYamlFile;
+constexpr const char* kConfigJson = kConfigJsonFile;
 
 void write_text(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -61,15 +59,15 @@ nlohmann::json spec_json(const config::GemmaSpec& s) {
 
 // The assets/<asset_id>/ folder of a checkpoint: the configured id, else the only folder there.
 std::string find_asset_id(const fs::path& dir, const std::string& configured) {
-  const fs::path assets = dir / "assets";
-  if (fs::exists(assets / configured / "norm_stats.json")) return configured;
+  const fs::path assets = dir / kAssetsDir;
+  if (fs::exists(assets / configured / kNormStatsFile)) return configured;
   std::vector<std::string> found;
   if (fs::is_directory(assets)) {
     for (const auto& e : fs::directory_iterator(assets))
-      if (fs::exists(e.path() / "norm_stats.json")) found.push_back(e.path().filename().string());
+      if (fs::exists(e.path() / kNormStatsFile)) found.push_back(e.path().filename().string());
   }
   if (found.size() == 1) return found[0];
-  throw UserError((assets / configured / "norm_stats.json").string() +
+  throw UserError((assets / configured / kNormStatsFile).string() +
                   ": missing; expected the norm stats of checkpoint.asset_id '" + configured + "' (found " +
                   std::to_string(found.size()) + " other assets/*/norm_stats.json)");
 }
@@ -115,8 +113,8 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
                            const ExportOptions& options) {
   const fs::path ckpt(checkpoint_dir);
   if (!fs::is_directory(ckpt)) throw UserError(checkpoint_dir + ": no such checkpoint directory");
-  if (!fs::exists(ckpt / train::kCompleteMarker)) {
-    throw UserError(checkpoint_dir + ": not a complete checkpoint (no " + train::kCompleteMarker +
+  if (!fs::exists(ckpt / kCompleteMarker)) {
+    throw UserError(checkpoint_dir + ": not a complete checkpoint (no " + kCompleteMarker +
                     " marker); pass a run directory or run_dir/checkpoints/<step>");
   }
   for (const char* f : {kModelFile, kConfigYaml, kTokenizerFile}) {
@@ -126,16 +124,17 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     throw UserError("--dtype: expected bf16 or float32");
   verify_directory(checkpoint_dir, "checkpoint");
   // EMA weights: one file, or one per rank of a run with dist.shard (pieces of the same tensors).
-  const auto ema_files = state_files(checkpoint_dir, "ema");
+  const auto ema_files = state_files(checkpoint_dir, kEmaState);
   const bool has_ema = !ema_files.empty();
   std::string weights = options.weights;
   if (weights.empty()) {
     weights = has_ema ? "ema" : "model";
-    if (!has_ema) spdlog::info("{}: no {} (trained with train.ema_decay=0); exporting the model weights", checkpoint_dir, kEmaFile);
+    if (!has_ema) spdlog::info("{}: no {} (trained with train.ema_decay=0); exporting the model weights", checkpoint_dir,
+                             state_file_name(kEmaState, 0, 1));
   } else if (weights != "ema" && weights != "model") {
     throw UserError("--weights: got '" + weights + "', expected ema or model");
   } else if (weights == "ema" && !has_ema) {
-    throw UserError((ckpt / kEmaFile).string() + ": missing, so --weights ema is impossible (use --weights model)");
+    throw UserError((ckpt / state_file_name(kEmaState, 0, 1)).string() + ": missing, so --weights ema is impossible (use --weights model)");
   }
   const fs::path out(out_dir);
   if (fs::exists(out) && !fs::is_empty(out) && !looks_like_bundle(out)) {
@@ -219,13 +218,13 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
   config::Config bundle_cfg = cfg;
   bundle_cfg.model.paligemma_variant = strip_lora(cfg.model.paligemma_variant);
   bundle_cfg.model.action_expert_variant = strip_lora(cfg.model.action_expert_variant);
-  bundle_cfg.data.norm_stats = "assets/" + asset_id + "/norm_stats.json";
+  bundle_cfg.data.norm_stats = std::string(kAssetsDir) + "/" + asset_id + "/" + kNormStatsFile;
   bundle_cfg.data.tokenizer = kTokenizerFile;
   bundle_cfg.checkpoint.asset_id = asset_id;
 
   const fs::path tmp = out.string() + ".tmp_" + std::to_string(::getpid());
   fs::remove_all(tmp);
-  fs::create_directories(tmp / "assets" / asset_id);
+  fs::create_directories(tmp / kAssetsDir / asset_id);
   try {
     SaveOptions so;
     so.dtype = options.dtype;
@@ -256,7 +255,7 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
                          {"source_checkpoint", fs::absolute(ckpt).lexically_normal().string()}};
     write_text(tmp / kConfigJson, cj.dump(2) + "\n");
     write_text(tmp / kConfigYaml, YAML::Dump(config::to_yaml(bundle_cfg)) + "\n");
-    fs::copy_file(ckpt / "assets" / asset_id / "norm_stats.json", tmp / "assets" / asset_id / "norm_stats.json");
+    fs::copy_file(ckpt / kAssetsDir / asset_id / kNormStatsFile, tmp / kAssetsDir / asset_id / kNormStatsFile);
     fs::copy_file(ckpt / kTokenizerFile, tmp / kTokenizerFile);
     write_manifest(tmp.string(), std::nullopt, {{kModelFile, model_digest}});  // pi0-infer verifies against it
     install_dir(tmp, out);
@@ -283,7 +282,7 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
   b.dir = dir;
   b.config = config::load_config((d / kConfigYaml).string());
   const fs::path stats_path = d / b.config.data.norm_stats;
-  b.transform = train::transform_options(b.config).resolved();
+  b.transform = data::transform_options(b.config).resolved();
   if (b.transform.norm != "none") {
     if (!fs::exists(stats_path))
       throw UserError(stats_path.string() + ": missing; expected a bundle written by pi0-export");

@@ -18,7 +18,6 @@
 #include "pi0/common/check.h"
 #include "pi0/common/fs.h"
 #include "pi0/io/safetensors.h"
-#include "pi0/train/checkpoint_dir.h"
 
 namespace fs = pi0::posix_fs;
 
@@ -37,7 +36,7 @@ std::vector<std::string> listed_files(const fs::path& dir) {
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
     if (!e.is_regular_file()) continue;
     const auto rel = e.path().lexically_relative(dir).generic_string();
-    if (rel == kManifestFile || rel == train::kCompleteMarker) continue;
+    if (rel == kManifestFile || rel == kCompleteMarker) continue;
     out.push_back(rel);
   }
   std::sort(out.begin(), out.end());

@@ -15,11 +15,10 @@
 #include <optional>
 #include <string>
 
+#include "pi0/io/checkpoint_files.h"
 #include "pi0/io/checksum.h"
 
 namespace pi0::io {
-
-inline constexpr const char* kManifestFile = "manifest.json";
 
 struct Manifest {
   std::optional<int64_t> step;              ///< training step of a checkpoint; nullopt for bundles

@@ -13,6 +13,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/common/fs.h"
+#include "pi0/common/shape_str.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/model/param_layout.h"
@@ -32,12 +33,6 @@ std::string join(const std::vector<std::string>& v, size_t limit = 12) {
   std::ostringstream os;
   for (size_t i = 0; i < v.size() && i < limit; ++i) os << (i ? ", " : "") << v[i];
   if (v.size() > limit) os << ", ... (" << v.size() - limit << " more)";
-  return os.str();
-}
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
   return os.str();
 }
 
@@ -326,7 +321,7 @@ std::string load_checkpoint_weights(model::Pi0Impl& model, const std::string& ch
                                     const std::string& base_override, const std::string& override_hint,
                                     bool reinit_mismatched_projections, bool exact_dtypes) {
   namespace fs = pi0::posix_fs;
-  const auto model_file = (fs::path(checkpoint_dir) / "model.safetensors").string();
+  const auto model_file = (fs::path(checkpoint_dir) / kModelFile).string();
   const auto ref = read_base_ref(checkpoint_dir);
   if (!ref) {
     LoadOptions own;

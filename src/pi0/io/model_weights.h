@@ -16,6 +16,7 @@
 
 #include <torch/torch.h>
 
+#include "pi0/io/checkpoint_files.h"
 #include "pi0/io/checksum.h"
 #include "pi0/model/param_layout.h"
 #include "pi0/model/pi0.h"
@@ -89,8 +90,6 @@ int64_t adopt_file_dtypes(model::Pi0Impl& model, const std::string& path,
 // base file: {"path", "size", "checksum", "checksum_algorithm": "xxh3_64"} (checksum.h). Loading reads the base
 // first, then the checkpoint. References written before XXH3 (another algorithm) are accepted on size alone, with
 // a warning that the base cannot be verified.
-
-inline const std::string kBaseRefFile = "base_weights.json";
 
 struct BaseWeightsRef {
   std::string path;      ///< absolute path of the base model.safetensors

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "pi0/common/check.h"
+#include "pi0/common/shape_str.h"
 #include "pi0/common/strings.h"
 #include "pi0/data/observation_file.h"
 
@@ -11,12 +12,6 @@ namespace pi0::serve {
 namespace {
 
 constexpr int64_t kMaxImageSide = 4096;  // larger images are a client bug, not a camera
-
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
 
 std::string dtype_str(const torch::Tensor& t) { return c10::toString(t.scalar_type()); }
 

@@ -4,47 +4,10 @@
 
 #include "pi0/common/check.h"
 #include "pi0/common/fs.h"
+#include "pi0/data/config_options.h"
 #include "pi0/data/tokenizer.h"
 
 namespace pi0::train {
-
-data::DatasetOptions dataset_options(const config::Config& cfg) {
-  const auto& d = cfg.data.dataset;
-  if (d.paths.empty()) throw UserError("data.dataset.paths is empty: name the HDF5 files or globs to train on");
-  data::DatasetOptions o;
-  o.format = d.format;
-  o.paths = d.paths;
-  o.cameras = d.cameras;
-  o.state_keys = d.state_keys;
-  o.action_key = d.action_key;
-  o.prompt = d.prompt;
-  o.adapt_to_pi = d.adapt_to_pi;
-  o.flip_images = d.flip_images;
-  o.action_horizon = cfg.model.action_horizon;
-  return o;
-}
-
-data::TransformOptions transform_options(const config::Config& cfg) {
-  data::TransformOptions t;
-  t.model_type = cfg.model.type;
-  t.action_dim = cfg.model.action_dim;
-  t.image_size = cfg.model.image_size;
-  t.max_token_len = cfg.model.max_token_len;
-  t.discrete_state_input = cfg.data.discrete_state_input;
-  t.delta_action_mask = cfg.data.delta_action_mask;
-  return t;
-}
-
-data::NormStats load_config_norm_stats(const config::Config& cfg) {
-  if (cfg.data.norm_stats.empty()) {
-    throw UserError("data.norm_stats is not set: compute it with pi0-norm-stats --config <run.yaml> and set the path");
-  }
-  if (!pi0::posix_fs::exists(cfg.data.norm_stats)) {
-    throw UserError("data.norm_stats: file '" + cfg.data.norm_stats +
-                    "' does not exist (compute it with pi0-norm-stats --config <run.yaml>)");
-  }
-  return data::load_norm_stats(cfg.data.norm_stats);
-}
 
 DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, int64_t rank, int64_t world_size,
                                 data::LoaderPosition start) {
@@ -58,8 +21,8 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
     throw UserError("data.tokenizer '" + cfg.data.tokenizer + "' has " + std::to_string(tokenizer->vocab_size()) +
                     " tokens but model.vocab_size is " + std::to_string(cfg.model.vocab_size));
   }
-  auto dataset = std::make_shared<const data::RobotDataset>(dataset_options(cfg));
-  auto transform = std::make_shared<const data::SampleTransform>(transform_options(cfg), load_config_norm_stats(cfg),
+  auto dataset = std::make_shared<const data::RobotDataset>(data::dataset_options(cfg));
+  auto transform = std::make_shared<const data::SampleTransform>(data::transform_options(cfg), data::load_config_norm_stats(cfg),
                                                                  tokenizer);
   transform->check_dims(dataset->state_dim(), dataset->action_dim());
   data::LoaderOptions lo;

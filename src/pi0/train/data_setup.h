@@ -1,4 +1,5 @@
-// Builds the data pipeline (dataset, tokenizer, norm stats, transform, loader) from the config's data section.
+// Builds the data pipeline (dataset, tokenizer, norm stats, transform, loader) from the config's data section
+// (its options: data/config_options.h).
 #pragma once
 #include <memory>
 
@@ -13,13 +14,6 @@ struct DataPipeline {
   std::shared_ptr<const data::SampleTransform> transform;
   std::unique_ptr<data::DataLoader> loader;
 };
-
-/// Dataset options of the config (action horizon from the model section).
-data::DatasetOptions dataset_options(const config::Config& cfg);
-/// Transform options of the config (model type, dims and the data section's choices).
-data::TransformOptions transform_options(const config::Config& cfg);
-/// Norm stats named by data.norm_stats (UserError naming the key when unset or unreadable).
-data::NormStats load_config_norm_stats(const config::Config& cfg);
 
 /// The whole pipeline for `rank` of `world_size`; `local_batch` samples per next(), starting at `start`.
 DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, int64_t rank, int64_t world_size,

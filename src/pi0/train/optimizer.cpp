@@ -5,16 +5,9 @@
 #include <sstream>
 
 #include "pi0/common/check.h"
+#include "pi0/common/shape_str.h"
 
 namespace pi0::train {
-
-namespace {
-std::string shape_str(at::IntArrayRef s) {
-  std::ostringstream os;
-  os << s;
-  return os.str();
-}
-}  // namespace
 
 void for_each_group(const std::vector<std::vector<torch::Tensor>*>& lists,
                     const std::function<void(const std::vector<std::vector<torch::Tensor>>&)>& fn,

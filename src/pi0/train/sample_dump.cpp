@@ -11,13 +11,14 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/model/observation.h"
 #include "pi0/train/data_setup.h"
 #include "pi0/train/plot.h"
 
 namespace pi0::train {
-namespace fs = std::filesystem;
+namespace fs = pi0::posix_fs;
 
 namespace {
 

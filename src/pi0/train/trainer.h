@@ -1,8 +1,11 @@
 // The training job: flow-matching fine-tuning of pi0 / pi0.5 with AdamW, warmup-cosine LR, clipping, EMA,
 // gradient accumulation, freezing presets / LoRA, mixed precision and exact resume. The Trainer is checkpointed
-// state (step, RNG, loader position, optimizer, EMA); run() reads top to bottom in one function.
+// state (step, RNG, loader position, optimizer, EMA), which it hands to its Checkpointer (checkpointer.h) as a
+// TrainState; run() reads top to bottom in one function: resume; loop { step; maybe log; maybe save }.
 #pragma once
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <memory>
 #include <set>
 #include <optional>
@@ -10,19 +13,18 @@
 
 #include <torch/torch.h>
 
+#include "pi0/common/threads.h"
 #include "pi0/config/config.h"
 #include "pi0/data/loader.h"
-#include "pi0/distributed/grad_reducer.h"
-#include "pi0/distributed/parameter_shards.h"
+#include "pi0/distributed/grad_sync.h"
 #include "pi0/distributed/process_group.h"
-#include "pi0/distributed/shard_layout.h"
-#include "pi0/distributed/sharded_grad_reducer.h"
 #include "pi0/io/model_weights.h"
-#include "pi0/model/activation_memory.h"
 #include "pi0/model/pi0.h"
+#include "pi0/train/checkpointer.h"
 #include "pi0/train/data_setup.h"
 #include "pi0/train/ema.h"
 #include "pi0/train/freeze.h"
+#include "pi0/train/metrics.h"
 #include "pi0/train/optimizer.h"
 
 namespace pi0::train {
@@ -60,54 +62,6 @@ struct StepResult {
   bool stop = false;       ///< a stop signal reached some rank (checked alongside the loss, in one collective)
 };
 
-/// Trainable-parameter breakdown of the configured model computed from shapes only (full-size models are never
-/// allocated), under the configured freeze preset, precision and EMA setting.
-ParamBreakdown planned_breakdown(const config::Config& cfg);
-
-/// Planned memory of one training rank: the persistent state of planned_breakdown (weights, AdamW, EMA, cast
-/// cache) and, during the step, the activations of one micro-batch (batch_size / (world size ·
-/// grad_accum_steps)) and the gradients. Gradients exist only from backward to the optimizer step (zero_grad
-/// frees them), and backward frees activations as it creates gradients, so the step holds the larger of the two
-/// (see model/activation_memory.h), not their sum. peak_bytes() is what the tensor allocator holds at the peak;
-/// the process's resident memory (peak RSS) adds the runtime and the allocator's slack: resident_peak_bytes().
-struct MemoryPlan {
-  /// Resident memory of pi0-train beyond its tensors and the allocator slack: shared libraries' pages, thread
-  /// stacks, the BLAS's buffers, LibTorch's own allocations, the dataset index and the tokenizer. Calibrated on a
-  /// training run of a model of almost no size (dummy / tiny variants, vocabulary 1024, batch 1, 224 px, one loader
-  /// worker; x86-64 Debian LibTorch 1.13, OpenBLAS, glibc 2.36): its peak RSS, median 0.46 GiB of 5 runs (0.42-
-  /// 0.49), minus its own planned tensors (0.11 GiB, mostly activations) and slack (0.11 GiB). 0.13 GiB of it are
-  /// the libraries' pages (RssFile). The same with 1 or 2 threads. The full-size presets and a mid-size full
-  /// fine-tune check the calibrated plan (docs/benchmarks.md, issue 15).
-  static constexpr int64_t kRuntimeFloorBytes = 248ll << 20;
-
-  ParamBreakdown params;
-  model::ActivationMemory activations;
-  int64_t micro_batch = 0;
-  int64_t num_cameras = 0;
-  /// kRuntimeFloorBytes plus the data loader's batches beyond the one-sample batches of the floor: (data.prefetch
-  /// queued + one per worker being built) · (per-rank batch − 1) float32 images (cameras · 3 · image_size² · 4 B).
-  int64_t runtime_bytes = 0;
-  /// Freed memory glibc keeps resident at the peak: one activation working set (activations.peak()). Tensors
-  /// below glibc's mmap threshold come from its heaps, and the threshold rises to the largest block freed (up to
-  /// 32 MiB: after the model build, every activation-sized tensor); backward and the recomputation of
-  /// checkpointed layers allocate while the forward's freed blocks of other sizes are still on the free lists.
-  /// Measured at full size (batch 1, activation set 0.40 GiB): a fixed 1 MiB threshold
-  /// (MALLOC_MMAP_THRESHOLD_=1048576) lowered the peak RSS of the presets by 0.49-0.78 GiB, at 3-5× the page
-  /// faults, which is why glibc's default stays; the predictions stay 1-7 % below the measured peaks.
-  int64_t allocator_slack_bytes = 0;
-  int64_t peak_bytes() const {
-    const int64_t grads = params.total.grad_bytes;
-    return params.total.memory_bytes() - grads +
-           std::max(activations.saved, grads + activations.last_layer) + activations.transient;
-  }
-  int64_t resident_peak_bytes() const { return peak_bytes() + runtime_bytes + allocator_slack_bytes; }
-};
-/// Planned for `world_size` ranks; UserError when the global batch does not split evenly (as training would).
-MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size = 1);
-/// Samples per rank per micro-step (what the loader builds per next()): train.batch_size / (world size ·
-/// train.grad_accum_steps). UserError naming both when it does not divide.
-int64_t micro_batch_size(const config::TrainConfig& t, int64_t world_size);
-
 class Trainer {
  public:
   Trainer(config::Config cfg, RunOptions options = {});
@@ -132,9 +86,7 @@ class Trainer {
   /// Writes a checkpoint of the current state (run() calls it at save_interval and at the end).
   std::string save_checkpoint();
   /// Gradient reduction statistics (nullptr in single-process runs).
-  const distributed::GradReducerStats* reducer_stats() const {
-    return reducer_ ? &reducer_->stats() : sharded_reducer_ ? &sharded_reducer_->stats() : nullptr;
-  }
+  const distributed::GradReducerStats* reducer_stats() const { return grad_sync_ ? grad_sync_->stats() : nullptr; }
   /// Tensor bytes of training state this rank holds (what dist.shard partitions), measured from the tensors.
   struct RankStateBytes {
     int64_t optimizer = 0;  ///< AdamW moments
@@ -145,25 +97,18 @@ class Trainer {
 
  private:
   void build_model();
-  /// The checkpoint to resume from (--resume and one exists); throws if the run dir holds checkpoints without
-  /// --resume, or a referenced file is missing. Runs before anything is built.
-  std::optional<std::string> check_run_dir();
-  /// The cheap checks of a complete checkpoint (no tensor data read): its files are present, trainer_state.json,
-  /// manifest.json and every safetensors header agree on the directory's step, and the sizes match the manifest.
-  /// Throws pi0::UserError saying what is wrong.
-  void check_checkpoint(const std::string& dir, int64_t step) const;
-  /// The newest complete checkpoint older than `below` (all when nullopt) that passes check_checkpoint; the ones
-  /// that fail go through reject_checkpoint. nullopt if the run dir holds no complete checkpoint at all.
-  std::optional<std::string> pick_checkpoint(std::optional<int64_t> below);
-  /// Strict resume: throws. Otherwise warns, naming the checkpoint and `why`, and remembers it as bad.
-  void reject_checkpoint(const std::string& dir, const std::string& why);
-  /// Loads the checkpoint while its contents are verified on other threads; throws UnusableCheckpoint if they do
-  /// not verify (checksums, non-finite values, dtypes), any other UserError for a checkpoint this run cannot use.
   /// The freeze preset, trainable regexes and attention setting, checked from shapes before anything is built.
   void check_model_settings() const;
-  void restore(const std::string& checkpoint_dir);
-  /// Drops every trainable gradient (and, sharded, the owned accumulators).
-  void zero_grads();
+  /// What a checkpoint holds of this trainer, by reference.
+  TrainState state();
+  /// The next train.grad_accum_steps batches of this rank.
+  std::vector<model::Batch> next_micro_batches();
+  /// Rank 0: stale temporary checkpoints removed, config.yaml and metrics.jsonl opened, the plan logged. Every
+  /// rank: the log interval starts.
+  void open_run_dir();
+  /// Adds a completed (not skipped) step to the log interval; at log_interval and at the last step logs the
+  /// interval's means and writes them to metrics.jsonl.
+  void log_step(const StepResult& result, double lr);
   int64_t local_batch() const;
   void check_and_sync_replicas();
 
@@ -174,11 +119,10 @@ class Trainer {
   std::vector<bool> trainable_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;
-  std::shared_ptr<distributed::ProcessGroup> pg_;      ///< null in single-process runs
-  std::unique_ptr<distributed::GradReducer> reducer_;  ///< several ranks, dist.shard none or optimizer
-  /// This rank's share of the parameters when sharded: the optimizer and EMA hold only it.
-  std::unique_ptr<distributed::ParameterShards> shards_;
-  std::unique_ptr<distributed::ShardedGradReducer> sharded_reducer_;  ///< dist.shard=gradients
+  std::shared_ptr<distributed::ProcessGroup> pg_;  ///< null in single-process runs
+  /// Gradient synchronisation (none, DDP, ZeRO-1, ZeRO-2 by dist.shard); also says what this rank's optimizer and
+  /// EMA update (everything, or its share of the elements).
+  std::unique_ptr<distributed::GradSync> grad_sync_;
   NamedTensors trainable_params_;  ///< every trainable parameter, whatever this rank's share
   int64_t last_grad_bytes_ = 0;
   DataPipeline data_;
@@ -187,16 +131,26 @@ class Trainer {
   at::Generator rng_;
   int64_t step_ = 0;
   int64_t nonfinite_skips_ = 0;
+  Checkpointer checkpointer_;
   std::optional<std::string> resume_dir_;  ///< checkpoint restored by run()
-  /// Checkpoints found unusable at resume: never deleted or overwritten (left for inspection), not counted by
-  /// checkpoint.keep_last.
-  std::set<int64_t> bad_steps_;
-  std::optional<std::string> newest_rejection_;  ///< why the newest rejected checkpoint failed (for the final error)
-  /// Checkpoints known good: the one resumed from (verified) and those this process wrote (hashed as written).
-  std::set<int64_t> verified_steps_;
-  /// Small checkpoints: the frozen base the run builds on, and the parameters taken unchanged from it.
-  std::optional<io::BaseWeightsRef> base_ref_;
-  std::set<std::string> base_names_;
+  /// A log or metrics interval under way: its start (wall and training-thread CPU time), summed loss, completed
+  /// steps and the reducer's statistics at its start.
+  struct Interval {
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    double cpu_start = thread_cpu_seconds();
+    double loss = 0;
+    int64_t steps = 0;
+    distributed::GradReducerStats comm_start;
+  };
+  /// The interval's record (mean loss over ranks, speed, communication); starts the next interval. Collective.
+  std::map<std::string, double> close_interval(Interval& iv, double lr, double grad_norm);
+  struct Progress {
+    int64_t first_step = 0;  ///< the step run() started from
+    Interval log;            ///< progress lines, every train.log_interval steps
+    Interval record;         ///< metrics.jsonl records, every train.metrics_interval steps
+  };
+  Progress progress_;
+  std::optional<MetricsWriter> metrics_;  ///< rank 0: run_dir/metrics.jsonl
 };
 
 }  // namespace pi0::train

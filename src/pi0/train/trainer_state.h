@@ -9,10 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "pi0/data/loader.h"
+#include "pi0/io/checkpoint_files.h"
 
 namespace pi0::train {
 
-inline constexpr const char* kTrainerStateFile = "trainer_state.json";
+using io::kTrainerStateFile;
 
 struct TrainerState {
   int64_t step = 0;             ///< optimizer steps completed

@@ -6,7 +6,7 @@
 #include "pi0/config/config.h"
 #include "pi0/model/model_config.h"
 #include "pi0/model/param_layout.h"
-#include "pi0/train/trainer.h"
+#include "pi0/train/memory_plan.h"
 
 using namespace pi0;
 using Catch::Contains;

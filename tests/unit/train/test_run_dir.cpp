@@ -11,7 +11,7 @@
 #include <set>
 
 #include "pi0/common/check.h"
-#include "pi0/train/checkpoint_dir.h"
+#include "pi0/io/checkpoint_dir.h"
 #include "pi0/train/metrics.h"
 #include "pi0/train/plot.h"
 #include "pi0/train/signals.h"
@@ -19,6 +19,7 @@
 
 using namespace pi0;
 using namespace pi0::train;
+using namespace pi0::io;  // checkpoint_dir.h
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 

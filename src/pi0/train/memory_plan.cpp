@@ -1,4 +1,4 @@
-#include "pi0/train/rank_memory.h"
+#include "pi0/train/memory_plan.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -7,9 +7,50 @@
 #include "pi0/common/strings.h"
 #include "pi0/distributed/shard_layout.h"
 #include "pi0/model/model_config.h"
-#include "pi0/train/trainer.h"
 
 namespace pi0::train {
+
+ParamBreakdown planned_breakdown(const config::Config& cfg) {
+  const auto layout = model::parameter_layout(model::options_from_config(cfg.model));
+  const auto mask = trainable_mask(names_of(layout), cfg.train.freeze, cfg.train.trainable_include,
+                                   cfg.train.trainable_exclude);
+  auto b = breakdown(layout, mask, cfg.train.precision, cfg.train.ema_decay > 0);
+  if (!cfg.train.weight_cast_cache) {  // casts are then made per forward and freed with the step's activations
+    b.total.cast_bytes = 0;
+    for (auto& s : b.components) s.cast_bytes = 0;
+  }
+  return b;
+}
+
+int64_t micro_batch_size(const config::TrainConfig& t, int64_t world_size) {
+  const int64_t per_step = world_size * t.grad_accum_steps;
+  if (per_step < 1 || t.batch_size % per_step != 0) {
+    throw UserError("train.batch_size must be divisible by world size (" + std::to_string(world_size) +
+                    ") × train.grad_accum_steps (" + std::to_string(t.grad_accum_steps) + ") (got " +
+                    std::to_string(t.batch_size) + ")");
+  }
+  return t.batch_size / per_step;
+}
+
+MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size) {
+  MemoryPlan plan;
+  plan.params = planned_breakdown(cfg);
+  plan.micro_batch = micro_batch_size(cfg.train, world_size);
+  // Every camera slot goes through SigLIP, present or not (a missing camera is a masked black image).
+  plan.num_cameras = static_cast<int64_t>(model::kCameraNames.size());
+  plan.activations = model::activation_memory(model::options_from_config(cfg.model), plan.micro_batch,
+                                              plan.num_cameras, cfg.train.precision == "float32" ? 4 : 2,
+                                              cfg.train.gradient_checkpointing);
+  // The floor was measured with batches of one sample; larger batches add their queued and in-flight images
+  // (without workers the loader builds one batch at a time on the trainer's thread).
+  const int64_t local_batch = plan.micro_batch;  // what the loader builds per next()
+  const int64_t image_bytes = plan.num_cameras * 3 * cfg.model.image_size * cfg.model.image_size * 4;
+  const int64_t batches_held = cfg.data.num_workers == 0 ? 1 : cfg.data.prefetch + cfg.data.num_workers;
+  plan.runtime_bytes = MemoryPlan::kRuntimeFloorBytes + batches_held * (local_batch - 1) * image_bytes;
+  plan.allocator_slack_bytes = plan.activations.peak();
+  return plan;
+}
+
 
 int64_t RankMemory::peak_bytes(const model::ActivationMemory& activations) const {
   return persistent_bytes() - grad_bytes +

@@ -1,4 +1,4 @@
-// The per-rank memory plan of --print-params --world-size (train/rank_memory.h) against what a rank really holds:
+// The per-rank memory plan of --print-params --world-size (train/memory_plan.h) against what a rank really holds:
 // a tiny model is instantiated with the trainer's storage dtypes, each rank's share is cut with ShardLayout over
 // the real tensors, and AdamW and the EMA are built over views of that share (as Trainer::build_model does) and
 // stepped once, so their state is measured from the tensors, like Trainer::rank_state_bytes.
@@ -13,7 +13,7 @@
 #include "pi0/train/ema.h"
 #include "pi0/train/freeze.h"
 #include "pi0/train/optimizer.h"
-#include "pi0/train/rank_memory.h"
+#include "pi0/train/memory_plan.h"
 #include "pi0/train/trainer.h"
 
 using namespace pi0;

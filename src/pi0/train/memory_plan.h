@@ -1,3 +1,7 @@
+// The memory plan of pi0-train, from shapes alone (nothing allocated; `pi0-train --print-params`): the parameter
+// breakdown under the freeze preset and precision, one rank's persistent state, activations and peak
+// (MemoryPlan), and its resident peak for comparison with the peak RSS.
+//
 // Per-rank memory of data-parallel training under dist.shard (ZeRO-1/2), planned from shapes alone so a user can
 // size a job without launching it (`pi0-train --print-params --world-size N`). The shares come from the same
 // distributed::ShardLayout the trainer builds, over the trainable parameters of model::parameter_layout() in
@@ -15,6 +19,7 @@
 // until its pieces have been sent. With none / optimizer at world > 1, one bucket (or the largest parameter) is in
 // flight twice while it is packed. Those are backward transients (in the peak), not state kept between steps.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,6 +32,49 @@
 #include "pi0/train/freeze.h"
 
 namespace pi0::train {
+
+/// Trainable-parameter breakdown of the configured model computed from shapes only (full-size models are never
+/// allocated), under the configured freeze preset, precision and EMA setting.
+ParamBreakdown planned_breakdown(const config::Config& cfg);
+
+/// Planned memory of one training rank: the persistent state of planned_breakdown (weights, AdamW, EMA, cast
+/// cache) and, during the step, the activations of one micro-batch (batch_size / (world size ·
+/// grad_accum_steps)) and the gradients. Gradients exist only from backward to the optimizer step (zero_grad
+/// frees them), and backward frees activations as it creates gradients, so the step holds the larger of the two
+/// (see model/activation_memory.h), not their sum. peak_bytes() is what the tensor allocator holds at the peak;
+/// the process's resident memory (peak RSS) adds the runtime and the allocator's slack: resident_peak_bytes().
+struct MemoryPlan {
+  /// Resident memory of pi0-train beyond its tensors and the allocator slack: shared libraries' pages, thread
+  /// stacks, the BLAS's buffers, LibTorch's own allocations, the dataset index and the tokenizer. Calibrated on a
+  /// training run of a model of almost no size (the calibration and its checks at full size: docs/benchmarks.md,
+  /// "Full-size start-up, memory and checkpoints").
+  static constexpr int64_t kRuntimeFloorBytes = 248ll << 20;
+
+  ParamBreakdown params;
+  model::ActivationMemory activations;
+  int64_t micro_batch = 0;
+  int64_t num_cameras = 0;
+  /// kRuntimeFloorBytes plus the data loader's batches beyond the one-sample batches of the floor: (data.prefetch
+  /// queued + one per worker being built) · (per-rank batch − 1) float32 images (cameras · 3 · image_size² · 4 B).
+  int64_t runtime_bytes = 0;
+  /// Freed memory glibc keeps resident at the peak: one activation working set (activations.peak()), because
+  /// glibc's mmap threshold rises to the largest block freed and backward allocates while the forward's freed
+  /// blocks are still on its free lists (measurements, and why glibc's default threshold stays:
+  /// docs/benchmarks.md, "Full-size start-up, memory and checkpoints").
+  int64_t allocator_slack_bytes = 0;
+  int64_t peak_bytes() const {
+    const int64_t grads = params.total.grad_bytes;
+    return params.total.memory_bytes() - grads +
+           std::max(activations.saved, grads + activations.last_layer) + activations.transient;
+  }
+  int64_t resident_peak_bytes() const { return peak_bytes() + runtime_bytes + allocator_slack_bytes; }
+};
+/// Planned for `world_size` ranks; UserError when the global batch does not split evenly (as training would).
+MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size = 1);
+/// Samples per rank per micro-step (what the loader builds per next()): train.batch_size / (world size ·
+/// train.grad_accum_steps). UserError naming both when it does not divide.
+int64_t micro_batch_size(const config::TrainConfig& t, int64_t world_size);
+
 
 /// Memory of one data-parallel rank, in bytes: the rank with the largest share (the one a GPU must fit).
 struct RankMemory {

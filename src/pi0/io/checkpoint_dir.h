@@ -3,7 +3,8 @@
 //   run_dir/checkpoints/<step>/COMPLETE      a finished checkpoint; COMPLETE is written (and fsynced) last
 // A checkpoint becomes visible only through a rename after all its files are on disk, so a crash at any point
 // leaves the previous complete checkpoint usable (the llm.c "DONE marker" scheme, plus an atomic rename).
-// This file handles directories only; what goes inside (model, optimizer, EMA, metadata) is the trainer's.
+// This file handles directories only; what goes inside (model, optimizer, EMA, metadata) is the trainer's
+// Checkpointer's (train/checkpointer.h); the file names are in checkpoint_files.h.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -12,10 +13,9 @@
 #include <utility>
 #include <vector>
 
-namespace pi0::train {
+#include "pi0/io/checkpoint_files.h"
 
-/// Name of the marker file that makes a checkpoint directory complete.
-inline constexpr const char* kCompleteMarker = "COMPLETE";
+namespace pi0::io {
 
 /// run_dir/checkpoints
 std::string checkpoints_dir(const std::string& run_dir);
@@ -55,4 +55,4 @@ std::string set_aside_checkpoint(const std::string& run_dir, int64_t step);
 /// Removes .tmp_* directories left by crashed writers (any pid other than this process). Returns their names.
 std::vector<std::string> remove_stale_temp_checkpoints(const std::string& run_dir);
 
-}  // namespace pi0::train
+}  // namespace pi0::io

@@ -1,4 +1,4 @@
-#include "pi0/train/checkpoint_dir.h"
+#include "pi0/io/checkpoint_dir.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -16,7 +16,7 @@
 
 namespace fs = pi0::posix_fs;
 
-namespace pi0::train {
+namespace pi0::io {
 
 namespace {
 
@@ -187,4 +187,4 @@ std::vector<std::string> remove_stale_temp_checkpoints(const std::string& run_di
   return removed;
 }
 
-}  // namespace pi0::train
+}  // namespace pi0::io

@@ -1,0 +1,512 @@
+#include "pi0/train/checkpointer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+#include <spdlog/spdlog.h>
+
+#include "pi0/common/check.h"
+#include "pi0/common/fs.h"
+#include "pi0/io/checkpoint_dir.h"
+#include "pi0/io/manifest.h"
+#include "pi0/io/safetensors.h"
+#include "pi0/io/sharded_state.h"
+#include "pi0/train/trainer_state.h"
+
+namespace pi0::train {
+
+namespace fs = pi0::posix_fs;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// A checkpoint whose contents do not verify (checksums, non-finite values, dtypes): resume falls back past it.
+class UnusableCheckpoint : public UserError {
+ public:
+  using UserError::UserError;
+};
+
+std::vector<std::pair<std::string, torch::Tensor>> to_vector(const std::map<std::string, torch::Tensor>& m) {
+  return {m.begin(), m.end()};
+}
+
+// Writes `text` to `path` through a temporary file and a rename, so a crash never leaves a half-written file.
+void write_file_atomic(const fs::path& path, const std::string& text) {
+  const auto tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    if (!f) throw UserError("cannot write '" + tmp + "'");
+    f << text;
+    if (!f.flush()) throw UserError("cannot write '" + tmp + "'");
+  }
+  fs::rename(tmp, path);
+}
+
+// `dir` is a writable directory, or can be created (its nearest existing ancestor is a writable directory);
+// UserError naming `key` otherwise. Checked before the model is built, so a bad run_dir costs no start-up time,
+// and without creating anything, so a run that fails its checks leaves nothing behind.
+void check_writable_dir(const std::string& dir, const std::string& key) {
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_directory(dir, ec)) throw UserError(key + " '" + dir + "' is a file; expected a directory");
+    if (::access(dir.c_str(), W_OK | X_OK) != 0)
+      throw UserError(key + " '" + dir + "' is not writable (" + std::strerror(errno) + ")");
+    return;
+  }
+  fs::path ancestor = fs::absolute(dir, ec).parent_path();
+  while (!ancestor.empty() && !fs::exists(ancestor, ec) && ancestor != ancestor.root_path())
+    ancestor = ancestor.parent_path();
+  if (!fs::is_directory(ancestor, ec)) {
+    throw UserError(key + " '" + dir + "' cannot be created: '" + ancestor.string() + "' is a file, not a directory");
+  }
+  if (::access(ancestor.c_str(), W_OK | X_OK) != 0) {
+    throw UserError(key + " '" + dir + "' cannot be created: '" + ancestor.string() + "' is not writable (" +
+                    std::strerror(errno) + ")");
+  }
+}
+
+// XXH3 digests travel between ranks as int64 tensors: parse and print the manifest's 16-hex-digit form.
+int64_t digest_bits(const std::string& hex) { return static_cast<int64_t>(std::stoull(hex, nullptr, 16)); }
+std::string digest_hex(int64_t bits) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(static_cast<uint64_t>(bits)));
+  return buf;
+}
+
+// The files a resume reads from checkpoint `dir` (paths): the optimizer state (one file, or every rank's; the
+// single file's name when there is none), the model, trainer_state.json and the RNG states. EMA, LoRA, config and
+// assets are optional or only copied.
+std::vector<std::string> required_files(const fs::path& dir) {
+  auto files = io::state_files(dir.string(), io::kOptimizerState);
+  if (files.empty()) files.push_back((dir / io::state_file_name(io::kOptimizerState, 0, 1)).string());
+  for (const char* f : {io::kModelFile, io::kTrainerStateFile, io::kRngFile}) files.push_back((dir / f).string());
+  return files;
+}
+
+}  // namespace
+
+Checkpointer::Checkpointer(config::Config cfg, int64_t rank, int64_t world_size,
+                           std::shared_ptr<distributed::ProcessGroup> pg)
+    : cfg_(std::move(cfg)), rank_(rank), world_size_(world_size), pg_(std::move(pg)) {}
+
+void Checkpointer::set_base(io::BaseWeightsRef ref, std::set<std::string> names) {
+  base_ref_ = std::move(ref);
+  base_names_ = std::move(names);
+}
+
+std::optional<std::string> Checkpointer::check_run_dir(bool resume) {
+  const auto& ck = cfg_.checkpoint;
+  check_writable_dir(ck.run_dir, "checkpoint.run_dir");
+  std::optional<std::string> dir;
+  if (resume) {
+    dir = pick(std::nullopt);
+    if (!dir && rank_ == 0)
+      spdlog::warn("--resume: no complete checkpoint in {}; starting from step 0", ck.run_dir);
+  } else if (auto steps = io::complete_checkpoints(ck.run_dir); !steps.empty()) {
+    throw UserError("checkpoint.run_dir '" + ck.run_dir + "' already holds checkpoints (newest: step " +
+                    std::to_string(steps.back()) + "); pass --resume to continue it, or choose another run_dir");
+  }
+  if (dir) {
+    for (const auto& path : required_files(*dir)) {
+      if (!fs::exists(path)) throw UserError(path + ": missing from the checkpoint");
+      if (!std::ifstream(path)) throw UserError(path + ": cannot be read (" + std::strerror(errno) + ")");
+    }
+    read_trainer_state(*dir);  // every field checked now, not after the model is built
+    if (auto ref = io::read_base_ref(*dir)) {
+      const auto base = ck.init_weights.empty() ? ref->path : ck.init_weights;
+      if (!fs::exists(base)) {
+        throw UserError((fs::path(*dir) / io::kBaseRefFile).string() + ": the base weights '" + base +
+                        "' this checkpoint builds on do not exist; if they moved, point at the new location with " +
+                        "--set checkpoint.init_weights=NEW_PATH");
+      }
+    }
+  } else if (!ck.init_weights.empty() && !fs::is_regular_file(ck.init_weights)) {
+    throw UserError("checkpoint.init_weights '" + ck.init_weights + "': no such file; expected an openpi/LeRobot "
+                    "model.safetensors");
+  }
+  return dir;
+}
+
+void Checkpointer::verify(const std::string& dir, int64_t step) const {
+  const fs::path d(dir);
+  for (const auto& path : required_files(d))
+    if (!fs::exists(path)) throw UserError(path + ": missing from the checkpoint");
+  // The step is recorded four ways (directory name, trainer_state.json, manifest.json, each safetensors file's
+  // metadata): all must agree, so a file copied in from another checkpoint is caught without reading its data.
+  const auto state_path = (d / io::kTrainerStateFile).string();
+  const int64_t state_step = read_trainer_state(dir).step;  // every field checked, errors name the file and field
+  if (state_step != step) {
+    throw UserError(state_path + ": says step " + std::to_string(state_step) + ", but the checkpoint directory is " +
+                    "step " + std::to_string(step));
+  }
+  const auto manifest = io::read_manifest(dir);
+  if (!manifest) {
+    const std::string why = (d / io::kManifestFile).string() + ": missing (a checkpoint from before manifests), so "
+                            "its contents cannot be verified";
+    if (cfg_.checkpoint.resume_policy == "strict") {
+      throw UserError(why + "; checkpoint.resume_policy=strict refuses it (set checkpoint.resume_policy="
+                      "newest_verified to accept it unverified)");
+    }
+    if (rank_ == 0) spdlog::warn("{}; using it unverified", why);
+    return;
+  }
+  if (manifest->step != step) {
+    throw UserError((d / io::kManifestFile).string() + ": is for step " +
+                    (manifest->step ? std::to_string(*manifest->step) : std::string("<none>")) +
+                    ", but the checkpoint directory is step " + std::to_string(step));
+  }
+  io::check_manifest(dir, *manifest);
+}
+
+std::optional<std::string> Checkpointer::pick(std::optional<int64_t> below) {
+  const auto& ck = cfg_.checkpoint;
+  const auto steps = io::complete_checkpoints(ck.run_dir);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if ((below && *it >= *below) || bad_steps_.count(*it)) continue;
+    const auto dir = io::checkpoint_path(ck.run_dir, *it);
+    try {
+      verify(dir, *it);
+      return dir;
+    } catch (const UserError& e) {
+      if (!newest_rejection_) newest_rejection_ = e.what();
+      reject(dir, e.what());
+    }
+  }
+  if (steps.empty()) return std::nullopt;
+  throw UserError("checkpoint.run_dir '" + ck.run_dir + "': none of its " + std::to_string(steps.size()) +
+                  " complete checkpoints verifies (newest: " + newest_rejection_.value_or("?") +
+                  "; any others are named in warnings above); restore one from a backup, or start a new run in "
+                  "another run_dir");
+}
+
+void Checkpointer::reject(const std::string& dir, const std::string& why) {
+  if (cfg_.checkpoint.resume_policy == "strict") {
+    throw UserError("--resume: checkpoint " + dir + " does not verify: " + why +
+                    " (checkpoint.resume_policy=strict: not falling back to an older checkpoint)");
+  }
+  bad_steps_.insert(std::stoll(fs::path(dir).filename().string()));
+  if (rank_ == 0) {
+    spdlog::warn("--resume: checkpoint {} does not verify and is skipped (left untouched): {}", dir, why);
+  }
+}
+
+void Checkpointer::resume(std::optional<std::string> dir, const TrainState& state) {
+  const auto& ck = cfg_.checkpoint;
+  fs::create_directories(ck.run_dir);
+  if (dir) {
+    // Falls back to older checkpoints while the chosen one turns out not to verify (newest_verified policy).
+    while (true) {
+      try {
+        restore(*dir, state);
+        break;
+      } catch (const UnusableCheckpoint& e) {
+        reject(*dir, e.what());
+        dir = pick(std::stoll(fs::path(*dir).filename().string()));
+        if (rank_ == 0) spdlog::warn("--resume: falling back to {}", *dir);
+      }
+    }
+    verified_steps_.insert(*state.step);
+  } else if (auto steps = io::complete_checkpoints(ck.run_dir); !steps.empty()) {
+    throw UserError("checkpoint.run_dir '" + ck.run_dir + "' already holds checkpoints (newest: step " +
+                    std::to_string(steps.back()) + "); pass --resume to continue it, or choose another run_dir");
+  }
+}
+
+void Checkpointer::open_run_dir() const {
+  const auto& ck = cfg_.checkpoint;
+  io::remove_stale_temp_checkpoints(ck.run_dir);
+  write_file_atomic(fs::path(ck.run_dir) / io::kConfigYamlFile, YAML::Dump(config::to_yaml(cfg_)) + "\n");
+}
+
+std::string Checkpointer::save(const TrainState& s) {
+  const int64_t step = *s.step;
+  const auto& ck = cfg_.checkpoint;
+  const bool rank0 = rank_ == 0;
+  // Per-rank state: the noise RNG and the loader position of every rank, gathered to rank 0 which writes them.
+  torch::Tensor rng_state;
+  {
+    std::lock_guard<std::mutex> lock(s.rng->mutex());
+    rng_state = s.rng->get_state();
+  }
+  const auto pos = s.loader->position();
+  std::vector<torch::Tensor> rng_states{rng_state};
+  std::vector<torch::Tensor> positions{torch::tensor({pos.epoch, pos.batch_index}, torch::kInt64)};
+  if (pg_) {
+    rng_states = pg_->all_gather(rng_state, "checkpoint: gather of the RNG states");
+    positions = pg_->all_gather(positions[0], "checkpoint: gather of the loader positions");
+  }
+  const std::string written_barrier = "checkpoint of step " + std::to_string(step) + " written by rank 0";
+  if (!rank0 && !s.shards) {
+    pg_->barrier(written_barrier);
+    return "";
+  }
+  fs::path tmp;
+  if (rank0) {
+    if (bad_steps_.count(step) && fs::exists(io::checkpoint_path(ck.run_dir, step))) {
+      // Never overwrite a checkpoint that failed verification: keep it, under another name, for inspection.
+      const auto aside = io::set_aside_checkpoint(ck.run_dir, step);
+      spdlog::warn("checkpoint of step {} failed verification at resume; moved to {} so the new one does not "
+                   "replace it", step, aside);
+      bad_steps_.erase(step);
+    }
+    tmp = io::begin_checkpoint(ck.run_dir, step);
+  }
+  const auto t0 = Clock::now();
+  // Every file records the step it belongs to, so one copied in from another checkpoint is caught on resume.
+  const std::map<std::string, std::string> meta = {{"step", std::to_string(step)}};
+  std::map<std::string, io::FileDigest> digests;  // computed while writing: the manifest costs no extra read
+  if (s.shards) {
+    // Sharded state: every rank writes its own pieces into rank 0's temporary directory (a shared file system,
+    // as --resume already needs); a gather to rank 0 would need the whole state there, the memory sharding saves.
+    tmp = pg_->broadcast_text(tmp.string(), 0, "checkpoint: temporary directory");
+    const int64_t world = world_size_, rank = rank_;
+    const auto& params = (*s.trainable);
+    auto pieces_of = [&](const std::map<std::string, torch::Tensor>& state, const std::vector<std::string>& suffixes) {
+      std::vector<io::StatePiece> out;
+      for (const auto& piece : s.shards->owned()) {
+        const auto& [name, p] = params[piece.param];
+        for (const auto& suffix : suffixes) out.push_back({name + suffix, piece.begin, p.numel(), state.at(name + suffix)});
+      }
+      return out;
+    };
+    // [ok, optimizer size, optimizer xxh3, ema size, ema xxh3] per rank.
+    auto mine = torch::zeros({5}, torch::kInt64);
+    std::string failure;
+    try {
+      const auto opt_state = s.optimizer->state_dict();
+      const auto opt_file = io::state_file_name(io::kOptimizerState, rank, world);
+      const auto d = io::save_state_pieces((tmp / opt_file).string(), pieces_of(opt_state, {".exp_avg", ".exp_avg_sq"}),
+                                           {{AdamW::kStepKey, opt_state.at(AdamW::kStepKey)}}, meta);
+      mine[1] = static_cast<int64_t>(d.size);
+      mine[2] = digest_bits(d.xxh3);
+      if (s.ema) {
+        const auto e = io::save_state_pieces((tmp / io::state_file_name(io::kEmaState, rank, world)).string(),
+                                             pieces_of(s.ema->state_dict(), {""}), {}, meta);
+        mine[3] = static_cast<int64_t>(e.size);
+        mine[4] = digest_bits(e.xxh3);
+      }
+      mine[0] = 1;
+    } catch (const std::exception& e) {
+      failure = e.what();
+      spdlog::error("checkpoint of step {}: rank {} could not write its state: {}", step, rank, failure);
+    }
+    const auto all = pg_->all_gather(mine, "checkpoint: gather of the state files' checksums");
+    for (int64_t r = 0; r < world; ++r) {
+      const auto& v = all[static_cast<size_t>(r)];
+      if (v[0].item<int64_t>() != 1) {
+        if (rank0) {
+          std::error_code ec;
+          fs::remove_all(tmp, ec);
+        }
+        throw UserError(r == rank ? failure
+                                  : "checkpoint of step " + std::to_string(step) + ": rank " + std::to_string(r) +
+                                        " could not write its state (its log says why); nothing was saved");
+      }
+      digests[io::state_file_name(io::kOptimizerState, r, world)] = {static_cast<uint64_t>(v[1].item<int64_t>()),
+                                                             digest_hex(v[2].item<int64_t>())};
+      if (s.ema) {
+        digests[io::state_file_name(io::kEmaState, r, world)] = {static_cast<uint64_t>(v[3].item<int64_t>()),
+                                                         digest_hex(v[4].item<int64_t>())};
+      }
+    }
+    if (!rank0) {
+      pg_->barrier(written_barrier);
+      return "";
+    }
+  }
+  std::string final_dir;
+  try {
+    io::SaveOptions so;
+    so.metadata = meta;
+    so.openpi_layout = false;  // exact parameter names, LoRA included: what resume needs
+    so.include_lora = true;
+    if (base_ref_) {
+      // Small checkpoint: the frozen weights taken unchanged from the base are referenced, not copied.
+      std::set<std::string> trainable_names;
+      for (const auto& [name, p] : (*s.trainable)) trainable_names.insert(name);
+      so.include = [this, trainable_names](const std::string& name) {
+        return trainable_names.count(name) || !base_names_.count(name);
+      };
+      io::write_base_ref(tmp.string(), *base_ref_);
+    }
+    uint64_t next_report = 2ull << 30;
+    so.progress = [&](uint64_t done, uint64_t total) {
+      if (done >= next_report && done < total) {
+        spdlog::info("saving model.safetensors: {:.1f}/{:.1f} GB", done / 1e9, total / 1e9);
+        while (next_report <= done) next_report += 2ull << 30;
+      }
+    };
+    digests[io::kModelFile] = io::save_model_weights(*s.model, (tmp / io::kModelFile).string(), so);
+    if (!s.shards) {
+      if (s.ema) {
+        digests[io::state_file_name(io::kEmaState, 0, 1)] =
+            io::save_safetensors((tmp / io::state_file_name(io::kEmaState, 0, 1)).string(), to_vector(s.ema->state_dict()), meta);
+      }
+      digests[io::state_file_name(io::kOptimizerState, 0, 1)] =
+          io::save_safetensors((tmp / io::state_file_name(io::kOptimizerState, 0, 1)).string(), to_vector(s.optimizer->state_dict()), meta);
+    }
+    std::vector<std::pair<std::string, torch::Tensor>> lora;
+    for (const auto& item : s.model->named_parameters())
+      if (item.key().find(".lora_") != std::string::npos) lora.emplace_back(item.key(), item.value());
+    if (!lora.empty()) digests[io::kLoraFile] = io::save_safetensors((tmp / io::kLoraFile).string(), lora, meta);
+    std::vector<std::pair<std::string, torch::Tensor>> rngs;
+    TrainerState state;
+    state.step = step;
+    state.world_size = world_size_;
+    state.nonfinite_skips = *s.nonfinite_skips;
+    for (size_t r = 0; r < rng_states.size(); ++r) {
+      rngs.emplace_back("rank" + std::to_string(r) + ".noise_time", rng_states[r]);
+      state.rank_loaders.push_back({positions[r][0].item<int64_t>(), positions[r][1].item<int64_t>()});
+    }
+    digests[io::kRngFile] = io::save_safetensors((tmp / io::kRngFile).string(), rngs, meta);
+    write_file_atomic(tmp / io::kTrainerStateFile, to_json(state).dump(2) + "\n");
+    write_file_atomic(tmp / io::kConfigYamlFile, YAML::Dump(config::to_yaml(cfg_)) + "\n");
+    const auto assets = tmp / io::kAssetsDir / ck.asset_id;
+    fs::create_directories(assets);
+    fs::copy_file(cfg_.data.norm_stats, assets / io::kNormStatsFile, fs::copy_options::overwrite_existing);
+    fs::copy_file(cfg_.data.tokenizer, tmp / io::kTokenizerFile, fs::copy_options::overwrite_existing);
+    io::write_manifest(tmp.string(), step, digests);  // last: it lists every other file
+    final_dir = io::commit_checkpoint(tmp.string(), ck.run_dir, step);
+  } catch (...) {
+    // A failed save (disk full, I/O error) leaves nothing behind; the previous checkpoints are untouched.
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  verified_steps_.insert(step);
+  io::prune_checkpoints(ck.run_dir, ck.keep_last, ck.keep_period, bad_steps_, verified_steps_);
+  uint64_t bytes = 0;
+  for (const auto& e : fs::recursive_directory_iterator(final_dir))
+    if (e.is_regular_file()) bytes += e.file_size();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  spdlog::info("saved checkpoint {} ({:.2f} GB{} in {:.1f} s, {:.2f} GB/s)", final_dir, bytes / 1e9,
+               base_ref_ ? ", frozen base by reference" : "", secs, bytes / 1e9 / std::max(secs, 1e-9));
+  if (pg_) pg_->barrier(written_barrier);
+  return final_dir;
+}
+
+void Checkpointer::restore(const std::string& dir, const TrainState& s) {
+  const fs::path d(dir);
+  const TrainerState state = read_trainer_state(dir);  // checked with check_resumable() by the constructor
+  const auto t0 = Clock::now();
+  // Every byte is verified (checksums, finiteness) on other threads while the files load: the verification reads
+  // the same pages the load does, so on a machine with a spare core it adds little to the resume time.
+  auto verification = std::async(std::launch::async, [dir] { io::verify_contents(dir, io::read_manifest(dir)); });
+  auto unusable_if_unverified = [&](const std::string& load_error) {
+    try {
+      verification.get();
+    } catch (const UserError& e) {
+      // The contents are damaged: the load's own error, if any, names the tensor more precisely.
+      throw UnusableCheckpoint(load_error.empty() ? e.what() : load_error);
+    }
+  };
+  try {
+    base_ref_.reset();
+    base_names_.clear();
+    const auto base = io::load_checkpoint_weights(*s.model, dir, cfg_.checkpoint.init_weights,
+                                                  "--set checkpoint.init_weights=NEW_PATH",
+                                                  cfg_.checkpoint.reinit_mismatched_projections,
+                                                  /*exact_dtypes=*/true);
+    if (!base.empty()) {
+      // Later checkpoints keep referring to the same (verified) base, at the path it was found.
+      base_ref_ = *io::read_base_ref(dir);
+      base_ref_->path = fs::absolute(base).lexically_normal().string();
+      io::SafetensorsFile own((d / io::kModelFile).string());
+      for (const auto& item : s.model->named_parameters())
+        if (!own.contains(item.key())) base_names_.insert(item.key());
+    }
+    // Optimizer and EMA state stream from the files straight into the existing tensors: no whole-file copy. The
+    // files are whole tensors or per-rank pieces of any world size; this rank reads the elements it updates (all of
+    // them, or its share under dist.shard), checked first against every file's header: exactly the tensors and
+    // dtypes this trainer writes.
+    std::vector<int64_t> begins;          // per tensor this rank updates: its first element in the parameter
+    std::map<std::string, int64_t> numels;  // trainable parameter → element count
+    for (const auto& [name, p] : (*s.trainable)) numels[name] = p.numel();
+    if (s.shards) {
+      for (const auto& piece : s.shards->owned()) begins.push_back(piece.begin);
+    } else {
+      begins.assign((*s.trainable).size(), 0);
+    }
+    auto read_state = [&](const std::string& prefix, const std::map<std::string, torch::Tensor>& targets,
+                          const std::vector<std::string>& suffixes, const std::map<std::string, int64_t>& extra) {
+      const auto files = io::state_files(dir, prefix);
+      if (files.empty()) throw UserError((d / (prefix + ".safetensors")).string() + ": missing from the checkpoint");
+      io::StateReader reader(files);
+      std::map<std::string, int64_t> expected = extra;
+      for (const auto& [name, n] : numels)
+        for (const auto& suffix : suffixes) expected[name + suffix] = n;
+      for (const auto& [key, n] : expected) {
+        const auto it = reader.numels().find(key);
+        if (it == reader.numels().end())
+          throw UserError(reader.describe() + ": missing key '" + key + "' (the checkpoint was saved with other "
+                          "trainable parameters; use the same freeze settings to resume)");
+        if (it->second != n)
+          throw UserError(reader.describe() + ": key '" + key + "' has " + std::to_string(it->second) +
+                          " elements, expected " + std::to_string(n));
+      }
+      for (const auto& [key, n] : reader.numels())
+        if (!expected.count(key))
+          throw UserError(reader.describe() + ": unexpected key '" + key + "' (not a trainable parameter of this "
+                          "model; use the same freeze settings to resume)");
+      std::vector<io::StateReader::Request> requests;
+      size_t i = 0;
+      const auto& named = s.optimizer->params();  // same order as the EMA's: both got the same list
+      for (const auto& [name, view] : named) {
+        for (const auto& suffix : suffixes) requests.push_back({name + suffix, begins[i], targets.at(name + suffix)});
+        ++i;
+      }
+      return std::make_pair(std::move(reader), std::move(requests));
+    };
+    {
+      auto state = s.optimizer->state_dict();
+      auto step_count = torch::zeros({1}, torch::kInt64);
+      auto [reader, requests] = read_state(io::kOptimizerState, state, {".exp_avg", ".exp_avg_sq"}, {{AdamW::kStepKey, 1}});
+      requests.push_back({AdamW::kStepKey, 0, step_count});
+      reader.read(requests, /*exact_dtype=*/true);
+      s.optimizer->restore_step_count(step_count.item<int64_t>());
+    }
+    if (s.ema) {
+      if (io::state_files(dir, io::kEmaState).empty()) {
+        throw UserError("checkpoint '" + dir + "' has no EMA weights but train.ema_decay is " +
+                        std::to_string(cfg_.train.ema_decay) + " (resume with train.ema_decay=0, or from a run with EMA)");
+      }
+      auto [reader, requests] = read_state(io::kEmaState, s.ema->state_dict(), {""}, {});
+      reader.read(requests, /*exact_dtype=*/true);
+    }
+  } catch (const UserError& e) {
+    unusable_if_unverified(e.what());
+    throw;  // the contents verify: the checkpoint is fine, this run cannot use it (config mismatch)
+  }
+  unusable_if_unverified("");
+  spdlog::info("loaded checkpoint state in {:.1f} s", std::chrono::duration<double>(Clock::now() - t0).count());
+  // At the checkpoint's world size each rank continues its own RNG and loader; at another one (the global batch
+  // unchanged) every rank takes rank 0's: all ranks draw the whole global batch's noise and walk the same global
+  // batch order, so their states are equal (checked).
+  const bool same_world = state.world_size == world_size_;
+  {
+    io::SafetensorsFile rng((d / io::kRngFile).string());
+    const auto mine = rng.get_copy("rank" + std::to_string(same_world ? rank_ : 0) + ".noise_time");
+    for (int64_t r = 1; !same_world && r < state.world_size; ++r) {
+      if (!torch::equal(rng.get_copy("rank" + std::to_string(r) + ".noise_time"), mine))
+        throw UserError(rng.path() + ": the ranks' noise generators differ, so this checkpoint resumes only at its "
+                        "own world size (" + std::to_string(state.world_size) + ")");
+    }
+    std::lock_guard<std::mutex> lock(s.rng->mutex());
+    s.rng->set_state(mine);
+  }
+  *s.step = state.step;
+  *s.nonfinite_skips = state.nonfinite_skips;
+  const data::LoaderPosition pos = state.rank_loaders.at(same_world ? static_cast<size_t>(rank_) : 0);
+  s.loader->seek(pos);
+  spdlog::info("resumed from {} at step {} (loader epoch {}, batch {})", dir, *s.step, pos.epoch, pos.batch_index);
+}
+
+}  // namespace pi0::train
