@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/data/tokenizer.h"
 
 namespace pi0::train {
@@ -41,6 +42,7 @@ data::NormStats load_config_norm_stats(const config::Config& cfg) {
     throw UserError("data.norm_stats: file '" + cfg.data.norm_stats +
                     "' does not exist (compute it with pi0-norm-stats --config <run.yaml>)");
   }
+  require_input_file(cfg.data.norm_stats, "data.norm_stats", "a norm_stats.json file");
   return data::load_norm_stats(cfg.data.norm_stats);
 }
 
@@ -50,6 +52,7 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
   if (!std::filesystem::exists(cfg.data.tokenizer)) {
     throw UserError("data.tokenizer: file '" + cfg.data.tokenizer + "' does not exist (expected a sentencepiece model)");
   }
+  require_input_file(cfg.data.tokenizer, "data.tokenizer", "a sentencepiece model file");
   DataPipeline p;
   auto tokenizer = std::make_shared<const data::Tokenizer>(cfg.data.tokenizer);
   if (tokenizer->vocab_size() > cfg.model.vocab_size) {

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/distributed/consistency.h"
 #include "pi0/io/manifest.h"
@@ -62,17 +63,7 @@ std::vector<std::pair<std::string, torch::Tensor>> to_vector(const std::map<std:
   return {m.begin(), m.end()};
 }
 
-// Writes `text` to `path` through a temporary file and a rename, so a crash never leaves a half-written file.
-void write_file_atomic(const fs::path& path, const std::string& text) {
-  const auto tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f) throw UserError("cannot write '" + tmp + "'");
-    f << text;
-    if (!f.flush()) throw UserError("cannot write '" + tmp + "'");
-  }
-  fs::rename(tmp, path);
-}
+void write_file_atomic(const fs::path& path, const std::string& text) { pi0::write_file_atomic(path.string(), text); }
 
 // `dir` is a writable directory, or can be created (its nearest existing ancestor is a writable directory);
 // UserError naming `key` otherwise. Checked before the model is built, so a bad run_dir costs no start-up time,
@@ -176,9 +167,16 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
   resume_dir_ = check_run_dir();
   check_model_settings();
   data_ = make_data_pipeline(cfg_, local_batch(), options_.rank, options_.world_size);
-  if (resume_dir_) {
-    check_resumable(read_trainer_state(*resume_dir_), *resume_dir_, options_.world_size,
-                    data_.loader->batches_per_epoch());
+  while (resume_dir_) {  // a checkpoint this run cannot continue (batch size, world size) falls back like a bad one
+    try {
+      check_resumable(read_trainer_state(*resume_dir_), *resume_dir_, options_.world_size,
+                      data_.loader->batches_per_epoch());
+      break;
+    } catch (const UserError& e) {
+      reject_checkpoint(*resume_dir_, e.what());
+      resume_dir_ = pick_checkpoint(std::stoll(fs::path(*resume_dir_).filename().string()));
+      if (options_.rank == 0) spdlog::warn("--resume: falling back to {}", *resume_dir_);
+    }
   }
   interruption_point();
   // Same seed on every rank: every replica starts from identical weights.
@@ -225,9 +223,8 @@ std::optional<std::string> Trainer::check_run_dir() {
                         "--set checkpoint.init_weights=NEW_PATH");
       }
     }
-  } else if (!ck.init_weights.empty() && !fs::is_regular_file(ck.init_weights)) {
-    throw UserError("checkpoint.init_weights '" + ck.init_weights + "': no such file; expected an openpi/LeRobot "
-                    "model.safetensors");
+  } else if (!ck.init_weights.empty()) {
+    require_input_file(ck.init_weights, "checkpoint.init_weights", "an openpi/LeRobot model.safetensors");
   }
   return dir;
 }
@@ -449,7 +446,7 @@ int64_t Trainer::run() {
   const auto& ck = cfg_.checkpoint;
   const bool rank0 = options_.rank == 0;
   install_stop_signal_handlers();
-  fs::create_directories(ck.run_dir);
+  create_directories_or_throw(ck.run_dir, "checkpoint.run_dir");
   if (resume_dir_) {
     // Falls back to older checkpoints while the chosen one turns out not to verify (newest_verified policy).
     while (true) {
@@ -840,7 +837,7 @@ std::string Trainer::save_checkpoint() {
     write_file_atomic(tmp / kTrainerStateFile, to_json(state).dump(2) + "\n");
     write_file_atomic(tmp / "config.yaml", YAML::Dump(config::to_yaml(cfg_)) + "\n");
     const auto assets = tmp / "assets" / ck.asset_id;
-    fs::create_directories(assets);
+    create_directories_or_throw(assets.string(), "checkpoint assets");
     fs::copy_file(cfg_.data.norm_stats, assets / "norm_stats.json", fs::copy_options::overwrite_existing);
     fs::copy_file(cfg_.data.tokenizer, tmp / "tokenizer.model", fs::copy_options::overwrite_existing);
     io::write_manifest(tmp.string(), step_, digests);  // last: it lists every other file
@@ -953,7 +950,8 @@ void Trainer::restore(const std::string& dir) {
     }
   } catch (const UserError& e) {
     unusable_if_unverified(e.what());
-    throw;  // the contents verify: the checkpoint is fine, this run cannot use it (config mismatch)
+    // The contents verify, but this run cannot use them (another model, relabelled dtypes): fall back as well.
+    throw UnusableCheckpoint(e.what());
   }
   unusable_if_unverified("");
   spdlog::info("loaded checkpoint state in {:.1f} s", std::chrono::duration<double>(Clock::now() - t0).count());
