@@ -93,7 +93,7 @@ TEST_CASE("resume: a dtype relabelled in the newest model.safetensors is named, 
   // With the manifest re-hashed after the relabel (or without one), only the dtype rule can catch it: the
   // checkpoint is skipped with the same warning as any other that does not verify (it used to stop the run).
   for (const bool rehash : {true, false}) {
-    INFO(rehash ? "manifest re-hashed" : "no manifest");
+    INFO((rehash ? "manifest re-hashed" : "no manifest"));
     const auto ck2 = f.copy(rehash ? "relabel_rehashed" : "relabel_unlisted");
     const auto model2 = ck2 + "/6/model.safetensors";
     testing::relabel_dtype(model2, name, from, to);

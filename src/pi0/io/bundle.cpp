@@ -105,10 +105,6 @@ void verify_directory(const std::string& dir, const std::string& what) {
   verify_contents(dir, manifest);
 }
 
-}  // namespace
-
-namespace {
-
 // Runs `f`; a UserError (or a file-system error) from reading the checkpoint becomes CheckpointRejected, which
 // export_run falls back past.
 template <class F>

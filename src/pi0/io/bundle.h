@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include "pi0/common/check.h"
 #include "pi0/config/config.h"
 #include "pi0/data/norm_stats.h"
 #include "pi0/data/observation_file.h"
