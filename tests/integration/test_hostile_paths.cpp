@@ -104,7 +104,7 @@ TEST_CASE("pi0-plot --out a character device exits 2 and leaves the device as it
     WARN("skipped: mknod of a character device is not permitted here");
     return;
   }
-  const auto r = run_app_process("pi0-plot", "--metrics " + metrics + " --out " + device, dir);
+  const auto r = run_app_process("pi0-plot", "--metrics " + metrics + " --keys loss --out " + device, dir);
   check_user_error(r, "pi0-plot", device + ": exists and is a character device, not a regular file");
   struct stat st {};
   REQUIRE(::lstat(device.c_str(), &st) == 0);

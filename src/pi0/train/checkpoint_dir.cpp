@@ -118,6 +118,7 @@ std::vector<int64_t> complete_checkpoints(const std::string& run_dir) {
     std::error_code dir_ec, marker_ec;
     const bool is_dir = e.is_directory(dir_ec);
     const bool complete = is_dir && fs::is_regular_file(e.path() / kCompleteMarker, marker_ec);
+    if (marker_ec == std::errc::no_such_file_or_directory) marker_ec.clear();  // no marker: incomplete, not unreadable
     if (dir_ec || marker_ec) {
       // Said once per checkpoint: complete_checkpoints() runs again after every save.
       warn_once("unreadable checkpoint " + e.path().string(),
