@@ -206,6 +206,9 @@ TEST_CASE("SIGTERM during pi0-train start-up exits 0: stopped before the first s
   // The signal goes out as soon as the trainer has its SIGTERM handler (the caught-signal mask in /proc): that is
   // the first thing it does, and start-up (config, data checks, model build) then takes far longer than this
   // poll. (A FIFO as the norm stats used to pin it; inputs must now be regular files and a FIFO is refused.)
+  std::error_code ec_unused;
+  // Checked after the exec only: before it, the forked child still has the test runner's own handlers.
+  const auto execed = [&] { return fs::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec_unused) == exe; };
   const auto caught_sigterm = [&] {
     std::ifstream status_file("/proc/" + std::to_string(pid) + "/status");
     for (std::string line; std::getline(status_file, line);) {
@@ -213,8 +216,8 @@ TEST_CASE("SIGTERM during pi0-train start-up exits 0: stopped before the first s
     }
     return 0ull;
   };
-  for (int i = 0; i < 20000 && !caught_sigterm(); ++i) ::usleep(500);
-  REQUIRE(caught_sigterm());
+  for (int i = 0; i < 20000 && !(execed() && caught_sigterm()); ++i) ::usleep(500);
+  REQUIRE((execed() && caught_sigterm()));
   REQUIRE(kill(pid, SIGTERM) == 0);
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);

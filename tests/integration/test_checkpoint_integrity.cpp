@@ -116,9 +116,12 @@ TEST_CASE("resume: a checkpoint this run cannot continue (another batch size) fa
   // manifest is re-hashed, so the contents verify; only this run's settings rule it out.
   const auto state = ck + "/6/trainer_state.json";
   std::string text = testing::read_bytes(state);
-  const auto at = text.find("\"batch_index\": ");
-  REQUIRE(at != std::string::npos);
-  text.replace(at, text.find_first_of(",\n}", at) - at, "\"batch_index\": 999");
+  size_t edited = 0;  // every rank's position (and any legacy copy)
+  for (auto at = text.find("\"batch_index\": "); at != std::string::npos; at = text.find("\"batch_index\": ", at + 1)) {
+    text.replace(at, text.find_first_of(",\n}", at) - at, "\"batch_index\": 999");
+    ++edited;
+  }
+  REQUIRE(edited > 0);
   testing::write_bytes(state, text);
   io::write_manifest(ck + "/6", 6, {});
   testing::LogCapture log;
