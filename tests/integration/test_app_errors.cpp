@@ -184,7 +184,7 @@ TEST_CASE("pi0-train --resume: malformed or unreadable checkpoints are one-line 
   REQUIRE(::chmod(model_file.c_str(), 0) == 0);
   const auto r = run_app_process("pi0-train", "--config " + cfg + " --resume", run.dir, *prefix);
   ::chmod(model_file.c_str(), 0644);
-  check_user_error(r, "pi0-train", model_file + ": cannot open safetensors file (Permission denied)");
+  check_user_error(r, "pi0-train", model_file + ": cannot open safetensors file (permission denied)");
   CHECK_THAT(r.out, !Contains(kBuildingModel));
 }
 
