@@ -38,7 +38,8 @@ void MetricsWriter::write(int64_t step, const std::map<std::string, double>& val
 }
 
 std::vector<nlohmann::json> read_metrics(const std::string& path) {
-  require_input_file(path, "metrics file");
+  if (const auto problem = input_file_problem(path); !problem.empty())
+    throw UserError("cannot read metrics file '" + path + "' (" + problem + ")");
   std::ifstream in(path);
   if (!in) throw UserError("cannot read metrics file '" + path + "'");
   std::vector<nlohmann::json> records;
