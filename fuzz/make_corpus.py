@@ -65,6 +65,21 @@ def main():
           "train: {freeze: lora, ema_decay: 0.99}\ncheckpoint: {save_every: 10, keep: 2}\n#set model.lora_rank=8\n")
     write("config", "bad_key", "trian: {lr: 1}\n#set train.lr=abc\n")
 
+    # config_alias: a "billion laughs" file (9 levels of 9 aliases: refused at once) and a real config sharing
+    # values through anchors (read in full).
+    laughs = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    for level in "bcdefghi":
+        prev = chr(ord(level) - 1)
+        laughs += "%s: &%s [%s]\n" % (level, level, ", ".join(["*" + prev] * 9))
+    write("config_alias", "billion_laughs", laughs)
+    write("config_alias", "anchors", "model: {type: pi0, paligemma_variant: dummy, action_expert_variant: dummy, "
+          "siglip_variant: tiny/14, image_size: 28, action_dim: &dim 8, action_horizon: *dim}\n"
+          "data:\n  dataset: {format: libero, paths: &paths [x.hdf5, y.hdf5], "
+          "cameras: {base_0_rgb: agentview_rgb}}\n"
+          "  norm_stats: stats.json\n"
+          "train: {num_steps: 3, batch_size: 2, lr_warmup_steps: 1, lr_peak: &lr 1.0e-4, lr_end: *lr, "
+          "trainable_include: &inc [a, b], trainable_exclude: *inc}\n")
+
     # norm stats: openpi's file, with and without quantiles, and a shape mismatch.
     stats = {"norm_stats": {"state": {"mean": [0.1, 0.2], "std": [1.0, 0.5], "q01": [-1.0, -2.0], "q99": [1.0, 2.0]},
                             "actions": {"mean": [0.0], "std": [0.0]}}}

@@ -4,13 +4,13 @@
 # sanitizer report, timeout or out-of-memory; the input that caused it is kept in <build-dir>/fuzz-artifacts/.
 # Usage: scripts/fuzz.sh [seconds per target, default 60] [build-dir, default build-fuzz]
 #   PI0_FUZZ_RUNS=N       stop each target after N executions instead (SECONDS still caps the time; 0 = no cap)
-#   PI0_FUZZ_TARGETS="a b" run only these (safetensors config observation norm_stats)
+#   PI0_FUZZ_TARGETS="a b" run only these (safetensors config config_alias observation norm_stats)
 # Needs clang and its fuzzer runtime (Debian: clang, libclang-rt-dev; scripts/setup.sh installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_PER_TARGET="${1:-60}"
 BUILD_DIR="${2:-build-fuzz}"
-TARGETS=(${PI0_FUZZ_TARGETS:-safetensors config observation norm_stats})
+TARGETS=(${PI0_FUZZ_TARGETS:-safetensors config config_alias observation norm_stats})
 
 if [ ! -f "$BUILD_DIR/build.ninja" ] && [ ! -f "$BUILD_DIR/Makefile" ]; then
   GENERATOR=()

@@ -1,8 +1,8 @@
 // pi0-export: turns a training checkpoint into an inference bundle (docs/formats.md, "Inference bundle").
 //   pi0-export --checkpoint <run dir | run_dir/checkpoints/<step>> --out <bundle dir> [--weights ema|model]
 //              [--dtype bf16|float32] [--base-weights PATH]
-// A run directory exports its newest complete checkpoint. Flags and exit codes: pi0-export --help.
-#include <filesystem>
+// A run directory exports its newest complete checkpoint that verifies (newer ones that do not are skipped with a
+// warning, as pi0-train --resume does). Flags and exit codes: pi0-export --help.
 #include <string>
 
 #include <spdlog/spdlog.h>
@@ -12,23 +12,8 @@
 #include "pi0/common/fs.h"
 #include "pi0/common/threads.h"
 #include "pi0/io/bundle.h"
-#include "pi0/io/checkpoint_dir.h"
 
 namespace {
-
-// A checkpoint directory as given, or the newest complete checkpoint of a run directory.
-std::string resolve_checkpoint(const std::string& path) {
-  namespace fs = pi0::posix_fs;
-  if (!fs::is_directory(path)) throw pi0::UserError("--checkpoint: '" + path + "' is not a directory");
-  if (fs::exists(fs::path(path) / pi0::io::kCompleteMarker)) return path;
-  if (auto newest = pi0::io::newest_complete_checkpoint(path)) {
-    spdlog::info("{}: newest complete checkpoint is step {} ({})", path, newest->first, newest->second);
-    return newest->second;
-  }
-  throw pi0::UserError("--checkpoint: '" + path + "' is neither a complete checkpoint (no " +
-                       pi0::io::kCompleteMarker + ") nor a run directory with complete checkpoints in " +
-                       pi0::io::checkpoints_dir(path));
-}
 
 int export_main(int argc, char** argv) {
   std::string checkpoint, out, dtype = "bf16";
@@ -47,7 +32,7 @@ int export_main(int argc, char** argv) {
   if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
   opt.dtype = dtype == "float32" || dtype == "f32" ? torch::kFloat32 : torch::kBFloat16;
   spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU
-  pi0::io::export_bundle(resolve_checkpoint(checkpoint), out, opt);  // logs what it wrote, once
+  pi0::io::export_run(checkpoint, out, opt);  // logs what it wrote, once
   return 0;
 }
 

@@ -16,6 +16,7 @@
 #include "pi0/io/checkpoint_dir.h"
 #include "pi0/train/trainer.h"
 #include "support/corrupt.h"
+#include "support/log_capture.h"
 #include "support/test_support.h"
 #include "support/tiny_run.h"
 
@@ -79,7 +80,7 @@ void check_verifies(const std::string& dir) {
 
 }  // namespace
 
-TEST_CASE("resume: a dtype relabelled in the newest model.safetensors is refused, naming file and tensor",
+TEST_CASE("resume: a dtype relabelled in the newest model.safetensors is named, and falls back to the previous one",
           "[integration][train][checkpoint]") {
   const auto& f = finished();
   const auto ck = f.copy("relabel");
@@ -89,14 +90,58 @@ TEST_CASE("resume: a dtype relabelled in the newest model.safetensors is refused
   testing::relabel_dtype(model, name, from, to);
   CHECK_THAT(f.strict_error("relabel"), Contains(model) && Contains("'" + name + "'") && Contains("stored as") &&
                                             Contains("resume_policy=strict"));
-  // Without a manifest (so only the dtype rule can catch it) the message is the same.
-  fs::remove(ck + "/6/manifest.json");
-  try {
-    f.resume("relabel", 6, {"checkpoint.resume_policy=newest_verified"});
-    FAIL("resumed from a relabelled checkpoint");
-  } catch (const UserError& e) {
-    CHECK_THAT(e.what(), Contains(model) && Contains("'" + name + "'") && Contains("stored as"));
+  // With the manifest re-hashed after the relabel (or without one), only the dtype rule can catch it: the
+  // checkpoint is skipped with the same warning as any other that does not verify (it used to stop the run).
+  for (const bool rehash : {true, false}) {
+    INFO((rehash ? "manifest re-hashed" : "no manifest"));
+    const auto ck2 = f.copy(rehash ? "relabel_rehashed" : "relabel_unlisted");
+    const auto model2 = ck2 + "/6/model.safetensors";
+    testing::relabel_dtype(model2, name, from, to);
+    if (rehash) io::write_manifest(ck2 + "/6", 6, {});
+    else fs::remove(ck2 + "/6/manifest.json");
+    testing::LogCapture log;
+    CHECK(f.resume(rehash ? "relabel_rehashed" : "relabel_unlisted", 3) == 3);  // resumed at step 3
+    CHECK_THAT(log.text(), Contains("checkpoint " + ck2 + "/6 does not verify and is skipped (left untouched): " +
+                                    model2) && Contains("'" + name + "'") && Contains("stored as") &&
+                               Contains("falling back to " + ck2 + "/3"));
+    CHECK(io::SafetensorsFile(model2).info(name).dtype == to);  // left as it was
   }
+}
+
+TEST_CASE("resume: a checkpoint this run cannot continue (another batch size) falls back with a warning",
+          "[integration][train][checkpoint]") {
+  const auto& f = finished();
+  const auto ck = f.copy("batch");
+  // As a checkpoint of a run with a smaller batch size: its loader position lies beyond this run's epoch. The
+  // manifest is re-hashed, so the contents verify; only this run's settings rule it out.
+  const auto state = ck + "/6/trainer_state.json";
+  std::string text = testing::read_bytes(state);
+  size_t edited = 0;  // every rank's position (and any legacy copy)
+  for (auto at = text.find("\"batch_index\": "); at != std::string::npos; at = text.find("\"batch_index\": ", at + 1)) {
+    text.replace(at, text.find_first_of(",\n}", at) - at, "\"batch_index\": 999");
+    ++edited;
+  }
+  REQUIRE(edited > 0);
+  testing::write_bytes(state, text);
+  io::write_manifest(ck + "/6", 6, {});
+  testing::LogCapture log;
+  CHECK(f.resume("batch", 3) == 3);
+  CHECK_THAT(log.text(), Contains("checkpoint " + ck + "/6 does not verify and is skipped (left untouched)") &&
+                             Contains("batch_index") && Contains("train.batch_size changed"));
+  CHECK(testing::read_bytes(state) == text);
+}
+
+TEST_CASE("resume: a newest checkpoint that is a symlink loop is skipped with a warning, not a 'status:' error",
+          "[integration][train][checkpoint]") {
+  const auto& f = finished();
+  const auto ck = f.copy("loop");
+  fs::create_symlink("9", ck + "/9");  // checkpoints/9 -> checkpoints/9
+  testing::LogCapture log;
+  CHECK(f.resume("loop", 6) == 6);  // resumed from step 6: nothing left to do
+  CHECK_THAT(log.text(), Contains("checkpoint " + ck + "/9 cannot be read (too many levels of symbolic links") &&
+                             Contains("skipped (left untouched)"));
+  CHECK(fs::is_symlink(ck + "/9"));
+  CHECK(train::complete_checkpoints(fs::path(ck).parent_path().string()) == std::vector<int64_t>{3, 6});
 }
 
 TEST_CASE("resume: a flipped bit, an older model file, an edited trainer_state.json are named (strict)",

@@ -262,7 +262,7 @@ TEST_CASE("bad runs give one-line errors and lose nothing", "[integration][train
                       Contains("already holds checkpoints (newest: step 2); pass --resume"));
   CHECK(io::complete_checkpoints(run.dir.str("existing")) == before);
   REQUIRE_THROWS_WITH(train::Trainer(run.config("y", {"checkpoint.init_weights=" + run.dir.str("nope.safetensors")})),
-                      Contains("checkpoint.init_weights '" + run.dir.str("nope.safetensors") + "': no such file"));
+                      Contains("checkpoint.init_weights '" + run.dir.str("nope.safetensors") + "': file not found"));
 }
 
 TEST_CASE("learning: the tiny pi0.5 lowers its loss 5x and its sampled actions approach the data", "[integration][train][slow]") {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/common/strings.h"
 #include "pi0/config/policy_metadata.h"
@@ -46,9 +47,24 @@ std::string line_of(const YAML::Mark& m) { return m.line >= 0 ? std::to_string(m
 // before --set overrides apply, and clones lose their marks.
 using KeyMarks = std::map<std::string, YAML::Mark>;
 
+// The most values (scalars, lists, mappings) a config may hold once its aliases are expanded. The largest real
+// config has a few hundred; a "billion laughs" file (a list of nine aliases of a list of nine aliases ...) has
+// 9^depth, and walking it (here, in YAML::Clone, in the readers) took minutes. Refused at this bound, in
+// milliseconds, before anything else walks the tree.
+constexpr size_t kMaxConfigValues = 100000;
+
+void count_value(size_t& values, const std::string& source) {
+  if (++values <= kMaxConfigValues) return;
+  throw UserError(source + ": more than " + std::to_string(kMaxConfigValues) + " values once its YAML aliases (*name) "
+                  "are expanded; a config holds a few hundred (an alias bomb? expand the aliases by hand)");
+}
+
 // Records every key's mark in `marks`. yaml-cpp keeps both entries of a repeated key and operator[] returns the
 // first, so a second `train:` section would be ignored without a word: a repeated key is an error naming both lines.
-void index_keys(const YAML::Node& n, const std::string& prefix, const std::string& source, KeyMarks& marks) {
+// `values` counts the values walked (aliases expanded), refused past kMaxConfigValues.
+void index_keys(const YAML::Node& n, const std::string& prefix, const std::string& source, KeyMarks& marks,
+                size_t& values) {
+  count_value(values, source);
   if (n.IsMap()) {
     std::map<std::string, YAML::Mark> seen;
     for (const auto& kv : n) {
@@ -59,11 +75,12 @@ void index_keys(const YAML::Node& n, const std::string& prefix, const std::strin
                         " and " + line_of(kv.first.Mark()) + " (a key may appear once per section; merge them)");
       }
       marks.emplace(prefix + key, kv.first.Mark());
-      index_keys(kv.second, prefix + key + ".", source, marks);
+      index_keys(kv.second, prefix + key + ".", source, marks, values);
     }
   } else if (n.IsSequence()) {
     const auto list = prefix.empty() ? prefix : prefix.substr(0, prefix.size() - 1);
-    for (size_t i = 0; i < n.size(); ++i) index_keys(n[i], list + "[" + std::to_string(i) + "].", source, marks);
+    for (size_t i = 0; i < n.size(); ++i)
+      index_keys(n[i], list + "[" + std::to_string(i) + "].", source, marks, values);
   }
 }
 
@@ -286,6 +303,11 @@ void apply_override(YAML::Node& root, const std::string& assignment, const std::
   } catch (const YAML::Exception& e) {
     throw UserError("--set " + key + ": value is not valid YAML (" + e.msg + ")");
   }
+  {
+    KeyMarks unused;
+    size_t values = 0;
+    index_keys(value, key + ".", "--set " + key, unused, values);  // an alias bomb in a value, too
+  }
   if (value.IsNull()) {
     // "key=" (or key=null) used to reset the key to its built-in default without a word (a run once landed in
     // runs/default that way).
@@ -343,6 +365,18 @@ void require(bool ok, const std::string& key, const T& value, const std::string&
   throw UserError(os.str());
 }
 
+bool has_control_char(const std::string& s) {
+  return std::any_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+}
+
+// A path from the config: a control character (a newline, an escape) is never part of a real path and would split
+// or garble every log line that names it.
+void require_plain_path(const std::string& key, const std::string& value) {
+  if (!has_control_char(value)) return;
+  throw UserError(key + " must be a path without control characters (newline, tab, escape) (got " +
+                  quote_value(value) + ")");
+}
+
 }  // namespace
 
 std::string GemmaSpec::describe() const { return scalar_text(Writer::encode(*this)); }
@@ -350,7 +384,8 @@ std::string SiglipSpec::describe() const { return scalar_text(Writer::encode(*th
 
 Config parse_config(const YAML::Node& input, const std::string& source, const std::vector<std::string>& overrides) {
   KeyMarks marks;
-  index_keys(input, "", source, marks);
+  size_t values = 0;
+  index_keys(input, "", source, marks, values);
   YAML::Node root = input && !input.IsNull() ? YAML::Clone(input) : YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) throw UserError(source + ": the config must be a mapping of sections (model, data, train, ...)");
   for (const auto& o : overrides) apply_override(root, o, source);
@@ -366,6 +401,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (pi0::posix_fs::is_directory(path, ec)) {
     throw UserError("config file '" + path + "' is a directory; expected a YAML file (e.g. configs/debug.yaml)");
   }
+  // A FIFO or /dev/zero would block or never end; a file we may not read says so.
+  require_input_file(path, "config file", "a YAML file (e.g. configs/debug.yaml)");
   std::ifstream f(path);
   if (!f) throw UserError("config file '" + path + "' cannot be read (" + std::strerror(errno) + ")");
   YAML::Node root;
@@ -459,6 +496,17 @@ void validate(const Config& c) {
   require(t.num_threads >= 0, "train.num_threads", t.num_threads, ">= 0 (0 = OMP_NUM_THREADS or all cores)");
   const auto& k = c.checkpoint;
   require(!k.run_dir.empty(), "checkpoint.run_dir", "''", "a directory path");
+  require_plain_path("checkpoint.run_dir", k.run_dir);
+  require_plain_path("checkpoint.init_weights", k.init_weights);
+  require_plain_path("data.norm_stats", c.data.norm_stats);
+  require_plain_path("data.tokenizer", c.data.tokenizer);
+  for (size_t i = 0; i < d.paths.size(); ++i) require_plain_path("data.dataset.paths[" + std::to_string(i) + "]", d.paths[i]);
+  // asset_id names the folder assets/<asset_id>/ inside every checkpoint and bundle: '..', a '/' or an absolute
+  // path would put norm_stats.json outside them (overwriting what is there).
+  const auto& id = k.asset_id;
+  require(!id.empty() && id != "." && id != ".." && id.find('/') == std::string::npos && !has_control_char(id),
+          "checkpoint.asset_id", quote_value(id),
+          "a plain folder name (no '/', not '.' or '..', no control characters), e.g. 'libero'");
   require(k.save_interval > 0, "checkpoint.save_interval", k.save_interval, "> 0");
   require(k.keep_last >= 1, "checkpoint.keep_last", k.keep_last, ">= 1");
   require(k.keep_period >= 0, "checkpoint.keep_period", k.keep_period, ">= 0 (0 = none)");

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 
 namespace pi0::data {
@@ -42,6 +43,7 @@ NormStats load_config_norm_stats(const config::Config& cfg) {
     throw UserError("data.norm_stats: file '" + cfg.data.norm_stats +
                     "' does not exist (compute it with pi0-norm-stats --config <run.yaml>)");
   }
+  require_input_file(cfg.data.norm_stats, "data.norm_stats", "a norm_stats.json file");
   return load_norm_stats(cfg.data.norm_stats);
 }
 

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/data/hdf5_file.h"
 #include "pi0/data/jpeg.h"
@@ -37,7 +38,7 @@ double to_px(double w, int64_t S) { return (w / 1.2 + 0.5) * static_cast<double>
 std::string write_example_libero(const std::string& dir, const ExampleDataOptions& o) {
   if (o.episodes < 1 || o.steps < 1 || o.image_size < 8)
     throw UserError("example data: episodes and steps must be >= 1 and image_size >= 8");
-  pi0::posix_fs::create_directories(dir);
+  create_directories_or_throw(dir, "--out");
   const std::string path = (std::filesystem::path(dir) / "reach_the_red_blob_demo.hdf5").string();
   H5File f = H5File::create(path);
   f.create_group("data");
@@ -135,7 +136,7 @@ std::string write_example_libero(const std::string& dir, const ExampleDataOption
 }
 
 std::string write_example_aloha(const std::string& dir, const ExampleDataOptions& o, bool jpeg) {
-  pi0::posix_fs::create_directories(dir);
+  create_directories_or_throw(dir, "--out");
   Rng rng(o.seed * 104729 + 3);
   const int64_t T = o.steps, S = o.image_size;
   const char* cams[3] = {"cam_high", "cam_left_wrist", "cam_right_wrist"};

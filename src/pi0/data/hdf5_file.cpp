@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 
 namespace pi0::data {
 namespace {
@@ -81,8 +82,8 @@ std::string DatasetInfo::dtype_name() const {
 }
 
 H5File H5File::open(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) throw UserError(path + ": file not found");
+  // The true reason first (missing, permission denied, a directory or FIFO): H5Fis_hdf5 says "not HDF5" to all.
+  require_input_file(path, "", "an HDF5 file");
   Hdf5Lock lock;
   if (H5Fis_hdf5(path.c_str()) <= 0) throw UserError(path + ": not an HDF5 file");
   H5File f;
@@ -93,6 +94,7 @@ H5File H5File::open(const std::string& path) {
 }
 
 H5File H5File::create(const std::string& path) {
+  require_output_file(path);
   Hdf5Lock lock;
   H5File f;
   f.path_ = path;

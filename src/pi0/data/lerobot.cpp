@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/data/dataset.h"
 #include "pi0/data/parquet.h"
@@ -66,6 +67,8 @@ std::string expand_template(const std::string& pattern, const std::map<std::stri
 namespace {
 
 nlohmann::json read_json(const std::string& path) {
+  if (const auto problem = input_file_problem(path); !problem.empty() && problem != "file not found")
+    throw UserError(path + ": " + problem);
   std::ifstream in(path);
   if (!in) throw UserError(path + ": file not found (a LeRobot dataset root holds meta/info.json)");
   try {
@@ -76,6 +79,7 @@ nlohmann::json read_json(const std::string& path) {
 }
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  require_input_file(path);
   std::ifstream in(path);
   if (!in) throw UserError(path + ": file not found");
   std::vector<nlohmann::json> out;

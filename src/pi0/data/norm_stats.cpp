@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/data/dataset.h"
 #include "pi0/data/transforms.h"
 
@@ -22,8 +23,9 @@ const KeyStats& NormStats::at(const std::string& key) const {
 }
 
 NormStats load_norm_stats(const std::string& path) {
+  require_input_file(path, "", "a norm_stats.json file");  // the true reason: missing, unreadable, not a file
   std::ifstream in(path);
-  if (!in) throw UserError(path + ": file not found (norm stats)");
+  if (!in) throw UserError(path + ": cannot read norm stats (" + errno_reason(errno) + ")");
   nlohmann::json j;
   try {
     in >> j;
@@ -75,9 +77,7 @@ void save_norm_stats(const NormStats& stats, const std::string& path) {
     if (!ks.q99.empty()) k["q99"] = ks.q99;
     j["norm_stats"][key] = k;
   }
-  std::ofstream out(path);
-  if (!out) throw UserError(path + ": cannot write norm stats");
-  out << j.dump(2) << "\n";
+  write_file_atomic(path, j.dump(2) + "\n");
 }
 
 namespace {

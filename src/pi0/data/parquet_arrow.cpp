@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/data/parquet.h"
 
@@ -21,6 +22,7 @@ namespace {
 
 std::unique_ptr<::parquet::arrow::FileReader> open_reader(const std::string& path) {
   if (!pi0::posix_fs::exists(path)) fail(path + ": parquet file not found");
+  if (const auto problem = input_file_problem(path); !problem.empty()) fail(path + ": " + problem);
   try {
     auto file = ::arrow::io::ReadableFile::Open(path);
     if (!file.ok()) fail(path + ": cannot open (" + file.status().ToString() + ")");

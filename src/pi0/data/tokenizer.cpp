@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/log_line.h"
 #include "pi0/common/strings.h"
 
@@ -61,6 +62,8 @@ struct Tokenizer::Impl {
 };
 
 Tokenizer::Tokenizer(const std::string& model_path) : impl_(std::make_unique<Impl>()), path_(model_path) {
+  // SentencePiece reads the whole file: a FIFO would block, /dev/zero would never end.
+  require_input_file(model_path, "", "a SentencePiece model file");
   char err[512] = {0};
   impl_->handle = spm_api().load(model_path.c_str(), err, sizeof(err));
   if (!impl_->handle) throw UserError(model_path + ": cannot load SentencePiece model (" + std::string(err) + ")");

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 
 #ifdef PI0_WITH_FFMPEG
@@ -150,6 +151,7 @@ VideoDecoder::VideoDecoder(const std::string& path, int threads) : impl_(std::ma
   d.path = path;
   av_log_set_level(AV_LOG_ERROR);  // errors reach the user through UserError; FFmpeg's info lines are noise
   if (!pi0::posix_fs::exists(path)) throw UserError(path + ": video file not found");
+  require_input_file(path, "", "a video file");
   int rc = avformat_open_input(&d.fmt, path.c_str(), nullptr, nullptr);
   if (rc < 0) throw UserError(path + ": not a readable video file (" + av_error(rc) + ")");
   rc = avformat_find_stream_info(d.fmt, nullptr);

@@ -9,11 +9,14 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
+#include "pi0/common/strings.h"
 #include "pi0/data/aloha.h"
 #include "pi0/data/config_options.h"
 #include "pi0/data/observation_file.h"
 #include "pi0/data/tokenizer.h"
+#include "pi0/io/checkpoint_dir.h"
 #include "pi0/io/checkpoint_files.h"
 #include "pi0/io/manifest.h"
 #include "pi0/io/model_weights.h"
@@ -32,12 +35,7 @@ namespace {
 constexpr const char* kConfigYaml = kConfigYamlFile;
 constexpr const char* kConfigJson = kConfigJsonFile;
 
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.flush();
-  if (!out) throw UserError(path.string() + ": cannot write file");
-}
+void write_text(const fs::path& path, const std::string& text) { write_file_atomic(path.string(), text); }
 
 // The expert without LoRA (what a merged export holds): "_lora" dropped from a name, rank 0 for explicit dims.
 config::GemmaSpec strip_lora(config::GemmaSpec spec) {
@@ -107,107 +105,129 @@ void verify_directory(const std::string& dir, const std::string& what) {
   verify_contents(dir, manifest);
 }
 
+// Runs `f`; a UserError (or a file-system error) from reading the checkpoint becomes CheckpointRejected, which
+// export_run falls back past.
+template <class F>
+auto reading_checkpoint(F&& f) {
+  try {
+    return f();
+  } catch (const CheckpointRejected&) {
+    throw;
+  } catch (const UserError& e) {
+    throw CheckpointRejected(e.what());
+  } catch (const std::system_error& e) {  // posix_fs (and std::filesystem) errors name the path in what()
+    throw CheckpointRejected(std::string(e.what()));
+  }
+}
+
 }  // namespace
 
 ExportReport export_bundle(const std::string& checkpoint_dir, const std::string& out_dir,
                            const ExportOptions& options) {
   const fs::path ckpt(checkpoint_dir);
-  if (!fs::is_directory(ckpt)) throw UserError(checkpoint_dir + ": no such checkpoint directory");
-  if (!fs::exists(ckpt / kCompleteMarker)) {
-    throw UserError(checkpoint_dir + ": not a complete checkpoint (no " + kCompleteMarker +
-                    " marker); pass a run directory or run_dir/checkpoints/<step>");
-  }
-  for (const char* f : {kModelFile, kConfigYaml, kTokenizerFile}) {
-    if (!fs::exists(ckpt / f)) throw UserError((ckpt / f).string() + ": missing from the checkpoint");
-  }
   if (options.dtype != torch::kBFloat16 && options.dtype != torch::kFloat32)
     throw UserError("--dtype: expected bf16 or float32");
-  verify_directory(checkpoint_dir, "checkpoint");
-  // EMA weights: one file, or one per rank of a run with dist.shard (pieces of the same tensors).
-  const auto ema_files = state_files(checkpoint_dir, kEmaState);
+  if (!options.weights.empty() && options.weights != "ema" && options.weights != "model")
+    throw UserError("--weights: got '" + options.weights + "', expected ema or model");
+  const fs::path out(out_dir);
+  if (fs::exists(out) && !fs::is_empty(out) && !looks_like_bundle(out)) {
+    throw UserError(out_dir + ": exists and is not an inference bundle; expected a new or empty directory");
+  }
+  std::vector<std::string> ema_files;
+  config::Config cfg;
+  std::string asset_id, base_path;
+  std::optional<BaseWeightsRef> base_ref;
+  reading_checkpoint([&] {
+    if (!fs::is_directory(ckpt)) throw UserError(checkpoint_dir + ": no such checkpoint directory");
+    if (!fs::exists(ckpt / kCompleteMarker)) {
+      throw UserError(checkpoint_dir + ": not a complete checkpoint (no " + kCompleteMarker +
+                      " marker); pass a run directory or run_dir/checkpoints/<step>");
+    }
+    for (const char* f : {kModelFile, kConfigYaml, kTokenizerFile}) {
+      if (!fs::exists(ckpt / f)) throw UserError((ckpt / f).string() + ": missing from the checkpoint");
+    }
+    verify_directory(checkpoint_dir, "checkpoint");
+    // EMA weights: one file, or one per rank of a run with dist.shard (pieces of the same tensors).
+    ema_files = state_files(checkpoint_dir, kEmaState);
+    cfg = config::load_config((ckpt / kConfigYaml).string());
+    asset_id = find_asset_id(ckpt, cfg.checkpoint.asset_id);
+    base_ref = read_base_ref(checkpoint_dir);
+    base_path = options.base_weights.empty() && base_ref ? base_ref->path : options.base_weights;
+  });
+  if (base_ref && !fs::exists(base_path)) {
+    throw UserError((ckpt / kBaseRefFile).string() + ": the base weights '" + base_path + "' this checkpoint builds " +
+                    "on do not exist; if they moved, point at the new location with --base-weights NEW_PATH");
+  }
   const bool has_ema = !ema_files.empty();
   std::string weights = options.weights;
   if (weights.empty()) {
     weights = has_ema ? "ema" : "model";
     if (!has_ema) spdlog::info("{}: no {} (trained with train.ema_decay=0); exporting the model weights", checkpoint_dir,
                              state_file_name(kEmaState, 0, 1));
-  } else if (weights != "ema" && weights != "model") {
-    throw UserError("--weights: got '" + weights + "', expected ema or model");
   } else if (weights == "ema" && !has_ema) {
     throw UserError((ckpt / state_file_name(kEmaState, 0, 1)).string() + ": missing, so --weights ema is impossible (use --weights model)");
-  }
-  const fs::path out(out_dir);
-  if (fs::exists(out) && !fs::is_empty(out) && !looks_like_bundle(out)) {
-    throw UserError(out_dir + ": exists and is not an inference bundle; expected a new or empty directory");
-  }
-
-  config::Config cfg = config::load_config((ckpt / kConfigYaml).string());
-  const auto asset_id = find_asset_id(ckpt, cfg.checkpoint.asset_id);
-  const auto base_ref = read_base_ref(checkpoint_dir);
-  const std::string base_path = options.base_weights.empty() && base_ref ? base_ref->path : options.base_weights;
-  if (base_ref && !fs::exists(base_path)) {
-    throw UserError((ckpt / kBaseRefFile).string() + ": the base weights '" + base_path + "' this checkpoint builds " +
-                    "on do not exist; if they moved, point at the new location with --base-weights NEW_PATH");
   }
   // Built uninitialized: every value comes from the files. For a bf16 export, a parameter the files store in
   // bf16 (frozen weights of a bf16-mixed run) stays bf16, so the float32 model never exists in full; merging LoRA
   // into it computes in float32 and rounds once, as before.
   model::Pi0 model{nullptr};
-  {
-    nn::SkipInitScope skip;
-    model = model::Pi0(model::options_from_config(cfg.model));
-  }
-  if (options.dtype == torch::kBFloat16) {
-    // What the checkpoint holds keeps its stored dtype; what a small checkpoint takes from its base is bf16 when
-    // the run kept its frozen weights in bf16 (they are rounded to it on load anyway), whatever the base stores.
-    SafetensorsFile own((ckpt / kModelFile).string());
-    std::optional<SafetensorsFile> base_file;
-    if (base_ref) base_file.emplace(base_path);
-    const bool base_bf16 = base_ref && base_ref->frozen_dtype == "BF16";
-    auto base_dtype = [&](const std::string& name) -> std::optional<torch::ScalarType> {
-      if (!base_file) return std::nullopt;
-      for (const auto& n : {name, "model." + name}) {
-        if (base_file->contains(n)) return base_file->info(n).scalar_type;
-      }
-      if (name == model::kEmbeddingName) {
-        for (const auto& n : {kLmHeadName, "model." + kLmHeadName})
+  reading_checkpoint([&] {
+    {
+      nn::SkipInitScope skip;
+      model = model::Pi0(model::options_from_config(cfg.model));
+    }
+    if (options.dtype == torch::kBFloat16) {
+      // What the checkpoint holds keeps its stored dtype; what a small checkpoint takes from its base is bf16 when
+      // the run kept its frozen weights in bf16 (they are rounded to it on load anyway), whatever the base stores.
+      SafetensorsFile own((ckpt / kModelFile).string());
+      std::optional<SafetensorsFile> base_file;
+      if (base_ref) base_file.emplace(base_path);
+      const bool base_bf16 = base_ref && base_ref->frozen_dtype == "BF16";
+      auto base_dtype = [&](const std::string& name) -> std::optional<torch::ScalarType> {
+        if (!base_file) return std::nullopt;
+        for (const auto& n : {name, "model." + name}) {
           if (base_file->contains(n)) return base_file->info(n).scalar_type;
+        }
+        if (name == model::kEmbeddingName) {
+          for (const auto& n : {kLmHeadName, "model." + kLmHeadName})
+            if (base_file->contains(n)) return base_file->info(n).scalar_type;
+        }
+        return std::nullopt;
+      };
+      torch::NoGradGuard no_grad;
+      for (auto& item : model->named_parameters()) {
+        auto& p = item.value();
+        std::optional<torch::ScalarType> stored;
+        if (own.contains(item.key())) stored = own.info(item.key()).scalar_type;
+        else if (auto b = base_dtype(item.key())) stored = base_bf16 ? torch::kBFloat16 : *b;
+        if (stored == torch::kBFloat16 && p.scalar_type() != torch::kBFloat16)
+          p.set_data(torch::empty(p.sizes(), p.options().dtype(torch::kBFloat16)));
       }
-      return std::nullopt;
-    };
-    torch::NoGradGuard no_grad;
-    for (auto& item : model->named_parameters()) {
-      auto& p = item.value();
-      std::optional<torch::ScalarType> stored;
-      if (own.contains(item.key())) stored = own.info(item.key()).scalar_type;
-      else if (auto b = base_dtype(item.key())) stored = base_bf16 ? torch::kBFloat16 : *b;
-      if (stored == torch::kBFloat16 && p.scalar_type() != torch::kBFloat16)
-        p.set_data(torch::empty(p.sizes(), p.options().dtype(torch::kBFloat16)));
     }
-  }
-  load_checkpoint_weights(*model, checkpoint_dir, options.base_weights, "--base-weights NEW_PATH");
-  if (weights == "ema") {
-    // EMA covers the trainable parameters only; the rest stay from model.safetensors. Read tensor by tensor
-    // (converted to the parameter's dtype on the way), stitched together from the ranks' pieces if sharded.
-    StateReader ema(ema_files);
-    std::map<std::string, torch::Tensor> params;
-    for (auto& item : model->named_parameters()) params.emplace(item.key(), item.value());
-    std::vector<StateReader::Request> requests;
-    for (const auto& [name, numel] : ema.numels()) {
-      const auto it = params.find(name);
-      if (it == params.end()) {
-        throw UserError(ema.describe() + ": tensor '" + name + "' is not a parameter of the model in " +
-                        (ckpt / kConfigYaml).string());
+    load_checkpoint_weights(*model, checkpoint_dir, options.base_weights, "--base-weights NEW_PATH");
+    if (weights == "ema") {
+      // EMA covers the trainable parameters only; the rest stay from model.safetensors. Read tensor by tensor
+      // (converted to the parameter's dtype on the way), stitched together from the ranks' pieces if sharded.
+      StateReader ema(ema_files);
+      std::map<std::string, torch::Tensor> params;
+      for (auto& item : model->named_parameters()) params.emplace(item.key(), item.value());
+      std::vector<StateReader::Request> requests;
+      for (const auto& [name, numel] : ema.numels()) {
+        const auto it = params.find(name);
+        if (it == params.end()) {
+          throw UserError(ema.describe() + ": tensor '" + name + "' is not a parameter of the model in " +
+                          (ckpt / kConfigYaml).string());
+        }
+        if (it->second.numel() != numel) {
+          throw UserError(ema.describe() + ": tensor '" + name + "' has " + std::to_string(numel) +
+                          " elements, but the parameter has " + std::to_string(it->second.numel()));
+        }
+        requests.push_back({name, 0, it->second.data()});
       }
-      if (it->second.numel() != numel) {
-        throw UserError(ema.describe() + ": tensor '" + name + "' has " + std::to_string(numel) +
-                        " elements, but the parameter has " + std::to_string(it->second.numel()));
-      }
-      requests.push_back({name, 0, it->second.data()});
+      ema.read(requests, /*exact_dtype=*/false);
+      spdlog::info("overlaid {} EMA tensors from {}", requests.size(), ema.describe());
     }
-    ema.read(requests, /*exact_dtype=*/false);
-    spdlog::info("overlaid {} EMA tensors from {}", requests.size(), ema.describe());
-  }
+  });
   ExportReport rep;
   rep.checkpoint_dir = checkpoint_dir;
   rep.out_dir = out_dir;
@@ -222,10 +242,17 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
   bundle_cfg.data.tokenizer = kTokenizerFile;
   bundle_cfg.checkpoint.asset_id = asset_id;
 
+  // The bundle is written next to --out and renamed into place; errors name --out, not that temporary folder.
+  const std::string out_what = "--out '" + out_dir + "'";
+  const fs::path out_parent = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  create_directories_or_throw(out_parent.string(), out_what + ": parent directory");
+  if (::access(out_parent.c_str(), W_OK) != 0) {
+    throw UserError(out_what + ": cannot write in '" + out_parent.string() + "' (" + errno_reason(errno) + ")");
+  }
   const fs::path tmp = out.string() + ".tmp_" + std::to_string(::getpid());
   fs::remove_all(tmp);
-  fs::create_directories(tmp / kAssetsDir / asset_id);
   try {
+    create_directories_or_throw((tmp / kAssetsDir / asset_id).string(), "");
     SaveOptions so;
     so.dtype = options.dtype;
     so.openpi_layout = true;
@@ -259,6 +286,14 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     fs::copy_file(ckpt / kTokenizerFile, tmp / kTokenizerFile);
     write_manifest(tmp.string(), std::nullopt, {{kModelFile, model_digest}});  // pi0-infer verifies against it
     install_dir(tmp, out);
+  } catch (const UserError& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw UserError(out_what + ": cannot write the bundle (" + e.what() + ")");
+  } catch (const fs::filesystem_error& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw UserError(out_what + ": cannot write the bundle (" + errno_reason(e.code().value()) + ")");
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
@@ -268,6 +303,36 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
                rep.lora_layers_merged, rep.num_tensors, options.dtype == torch::kBFloat16 ? "bf16" : "float32",
                out_dir);
   return rep;
+}
+
+ExportReport export_run(const std::string& path, const std::string& out_dir, const ExportOptions& options) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) {
+    throw UserError("--checkpoint: '" + path + "' is not a directory" + (ec ? " (" + errno_reason(ec.value()) + ")" : ""));
+  }
+  if (fs::exists(fs::path(path) / kCompleteMarker, ec)) return export_bundle(path, out_dir, options);
+  const auto steps = complete_checkpoints(path);
+  if (steps.empty()) {
+    throw UserError("--checkpoint: '" + path + "' is neither a complete checkpoint (no " + kCompleteMarker +
+                    ") nor a run directory with complete checkpoints in " + checkpoints_dir(path));
+  }
+  // Newest first, past the ones that do not verify, as pi0-train --resume does (with the same warnings).
+  std::string newest_rejection;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const auto dir = checkpoint_path(path, *it);
+    if (it == steps.rbegin()) spdlog::info("{}: newest complete checkpoint is step {} ({})", path, *it, dir);
+    else spdlog::warn("falling back to {}", dir);
+    try {
+      return export_bundle(dir, out_dir, options);
+    } catch (const CheckpointRejected& e) {
+      if (newest_rejection.empty()) newest_rejection = e.what();
+      spdlog::warn("checkpoint {} does not verify and is skipped (left untouched): {}", dir, printable(e.what()));
+    }
+  }
+  throw UserError("--checkpoint: '" + path + "': none of its " + std::to_string(steps.size()) +
+                  " complete checkpoints verifies (newest: " + newest_rejection + "; any others are named in warnings " +
+                  "above); restore one from a backup, or export one with --checkpoint " +
+                  checkpoints_dir(path) + "/<step> to see why");
 }
 
 Bundle load_bundle(const std::string& dir, const torch::Device& device,

@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include "pi0/common/check.h"
 #include "pi0/config/config.h"
 #include "pi0/data/norm_stats.h"
 #include "pi0/data/observation_file.h"
@@ -45,11 +46,24 @@ struct ExportReport {
   int64_t num_tensors = 0;     ///< tensors in the exported model.safetensors
 };
 
+/// The checkpoint given to export_bundle cannot be exported (a file missing or damaged, contents that do not
+/// verify, a config its weights do not fit); nothing was written. export_run falls back past it.
+class CheckpointRejected : public UserError {
+ public:
+  using UserError::UserError;
+};
+
 /// Exports the complete checkpoint `checkpoint_dir` (a run_dir/checkpoints/<step>/ with COMPLETE) to `out_dir`.
 /// `out_dir` must not exist, be empty or hold an earlier bundle (replaced); anything else is refused.
-/// Throws pi0::UserError naming the file or option at fault.
+/// Throws CheckpointRejected for the checkpoint's own faults, pi0::UserError naming the option at fault otherwise.
 ExportReport export_bundle(const std::string& checkpoint_dir, const std::string& out_dir,
                            const ExportOptions& options = {});
+
+/// pi0-export's --checkpoint: one complete checkpoint (exported as given, or refused), or a run directory, whose
+/// newest checkpoint that verifies is exported: a newer one that does not is skipped with the same warnings as
+/// pi0-train --resume gives (left untouched), and an error names the newest rejection if none verifies.
+ExportReport export_run(const std::string& checkpoint_or_run_dir, const std::string& out_dir,
+                        const ExportOptions& options = {});
 
 /// A loaded bundle: the model (eval mode, on `device`, parameters and compute in `dtype`) and what its inputs need.
 struct Bundle {

@@ -12,7 +12,9 @@
 #include <fstream>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
+#include "pi0/common/log_line.h"
 
 namespace fs = pi0::posix_fs;
 
@@ -81,8 +83,7 @@ std::string begin_checkpoint(const std::string& run_dir, int64_t step) {
       fs::path(checkpoints_dir(run_dir)) / (".tmp_" + std::to_string(step) + "_" + std::to_string(::getpid()));
   std::error_code ec;
   fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) throw UserError("cannot create checkpoint directory '" + tmp.string() + "': " + ec.message());
+  create_directories_or_throw(tmp.string(), "checkpoint directory");
   return tmp.string();
 }
 
@@ -91,12 +92,7 @@ std::string commit_checkpoint(const std::string& tmp_dir, const std::string& run
   const fs::path final_dir = parent / std::to_string(step);
   PI0_CHECK(fs::is_directory(tmp), "commit_checkpoint: '", tmp_dir, "' is not a directory");
   fsync_tree(tmp);
-  {
-    std::ofstream marker(tmp / kCompleteMarker);
-    marker << "step " << step << "\n";
-    if (!marker) throw UserError("cannot write '" + (tmp / kCompleteMarker).string() + "'");
-  }
-  fsync_path(tmp / kCompleteMarker, false);
+  write_file_atomic((tmp / kCompleteMarker).string(), "step " + std::to_string(step) + "\n");
   fsync_path(tmp, true);
 
   if (!fs::exists(final_dir)) {
@@ -121,8 +117,21 @@ std::vector<int64_t> complete_checkpoints(const std::string& run_dir) {
   if (!fs::is_directory(dir, ec)) return steps;
   for (const auto& e : fs::directory_iterator(dir)) {
     const auto name = e.path().filename().string();
-    if (e.is_directory() && all_digits(name) && fs::is_regular_file(e.path() / kCompleteMarker))
-      steps.push_back(std::stoll(name));
+    if (!all_digits(name)) continue;
+    // A checkpoint that cannot even be looked at (a symlink loop, a directory without read or search permission)
+    // is skipped with a warning, so --resume and pi0-export fall back to an older one instead of stopping.
+    std::error_code dir_ec, marker_ec;
+    const bool is_dir = e.is_directory(dir_ec);
+    const bool complete = is_dir && fs::is_regular_file(e.path() / kCompleteMarker, marker_ec);
+    if (marker_ec == std::errc::no_such_file_or_directory) marker_ec.clear();  // no marker: incomplete, not unreadable
+    if (dir_ec || marker_ec) {
+      // Said once per checkpoint: complete_checkpoints() runs again after every save.
+      warn_once("unreadable checkpoint " + e.path().string(),
+                "checkpoint " + e.path().string() + " cannot be read (" +
+                    errno_reason((dir_ec ? dir_ec : marker_ec).value()) + ") and is skipped (left untouched)");
+      continue;
+    }
+    if (complete) steps.push_back(std::stoll(name));
   }
   std::sort(steps.begin(), steps.end());
   return steps;
@@ -181,7 +190,8 @@ std::vector<std::string> remove_stale_temp_checkpoints(const std::string& run_di
     const bool temp = name.rfind(".tmp_", 0) == 0 || name.rfind(".old_", 0) == 0;
     const bool own = name.size() > own_suffix.size() &&
                      name.compare(name.size() - own_suffix.size(), own_suffix.size(), own_suffix) == 0;
-    if (e.is_directory() && temp && !own) removed.push_back(name);
+    std::error_code type_ec;  // asked last: a symlink loop among the checkpoints must not stop the run
+    if (temp && !own && e.is_directory(type_ec)) removed.push_back(name);
   }
   for (const auto& name : removed) fs::remove_all(dir / name, ec);
   return removed;

@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 
 namespace pi0::io {
 
@@ -33,6 +34,8 @@ std::string Xxh3::hex() const {
 }
 
 FileDigest digest_file(const std::string& path) {
+  // A FIFO or device in a checkpoint would block or never end the hash.
+  if (const auto problem = input_file_problem(path); !problem.empty()) throw UserError(path + ": " + problem);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw UserError(path + ": cannot open (" + std::strerror(errno) + ")");
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);

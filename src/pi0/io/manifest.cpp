@@ -16,7 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
+#include "pi0/common/strings.h"
 #include "pi0/io/safetensors.h"
 
 namespace fs = pi0::posix_fs;
@@ -170,15 +172,7 @@ void write_manifest(const std::string& dir, std::optional<int64_t> step,
   nlohmann::json j = {{"format", kFormat}, {"algorithm", kChecksumAlgorithm}, {"files", files}};
   if (step) j["step"] = *step;
   const auto path = d / kManifestFile;
-  const auto tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(2) << "\n";
-    if (!out.flush()) throw UserError(tmp + ": cannot write");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw UserError(path.string() + ": cannot rename " + tmp + " over it (" + ec.message() + ")");
+  write_file_atomic(path.string(), j.dump(2) + "\n");
 }
 
 std::optional<Manifest> read_manifest(const std::string& dir) {
@@ -195,12 +189,17 @@ std::optional<Manifest> read_manifest(const std::string& dir) {
     if (j.contains("step")) m.step = j.at("step").get<int64_t>();
     for (const auto& [rel, e] : j.at("files").items()) {
       FileDigest d;
+      // get<uint64_t>() of -1 gives 18446744073709551615, which the size check would then print.
+      if (!e.at("size").is_number_unsigned()) {
+        throw std::runtime_error("files[" + quote_value(rel) + "].size is " + e.at("size").dump() +
+                                 ", expected a byte count >= 0");
+      }
       d.size = e.at("size").get<uint64_t>();
       d.xxh3 = e.at("xxh3").get<std::string>();
       m.files[rel] = d;
     }
   } catch (const std::exception& e) {
-    throw UserError(path.string() + ": malformed (" + e.what() + "); expected {\"format\": 1, \"algorithm\": \"" +
+    throw UserError(path.string() + ": malformed (" + printable(e.what()) + "); expected {\"format\": 1, \"algorithm\": \"" +
                     kChecksumAlgorithm + "\", \"files\": {...}}");
   }
   return m;

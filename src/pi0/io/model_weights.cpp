@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/common/shape_str.h"
 #include "pi0/common/interrupt.h"
@@ -286,13 +287,7 @@ void write_base_ref(const std::string& checkpoint_dir, const BaseWeightsRef& ref
                             {"checksum_algorithm", kChecksumAlgorithm},
                             {"frozen_dtype", ref.frozen_dtype}};
   const auto path = fs::path(checkpoint_dir) / kBaseRefFile;
-  const auto tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(2) << "\n";
-    if (!out.flush()) throw UserError(tmp + ": cannot write");
-  }
-  fs::rename(tmp, path);
+  write_file_atomic(path.string(), j.dump(2) + "\n");
 }
 
 std::optional<BaseWeightsRef> read_base_ref(const std::string& checkpoint_dir) {

@@ -20,6 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
+#include "pi0/common/strings.h"
 
 // The format and torch's CPU tensors are both little-endian byte images; on a big-endian host every element would
 // need swapping, which nothing here does.
@@ -134,6 +136,9 @@ struct SafetensorsFile::Mapping {
 };
 
 SafetensorsFile::SafetensorsFile(const std::string& path, AccessPattern access) : path_(path) {
+  // From stat() first: open() on a FIFO blocks until a writer comes.
+  if (const auto problem = input_file_problem(path); !problem.empty())
+    throw UserError(path + ": cannot open safetensors file (" + problem + ")");
   FdGuard fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (fd.fd < 0) throw UserError(path + ": cannot open safetensors file (" + errno_text(errno) + ")");
   struct stat st {};
@@ -192,12 +197,14 @@ void SafetensorsFile::parse_header(const char* header, uint64_t header_len) {
   try {
     root = json::parse(header, header + header_len, on_event);
   } catch (const json::exception& e) {
-    throw UserError(path_ + ": header is not valid JSON (" + e.what() + ")");
+    // The parser's message quotes the bytes it stopped at: escaped, so a damaged header puts no raw non-UTF-8
+    // bytes into an error line or the --resume fallback warning.
+    throw UserError(path_ + ": header is not valid JSON (" + printable(e.what()) + ")");
   }
   if (!root.is_object()) {
     throw UserError(path_ + ": header is JSON " + std::string(root.type_name()) + ", expected an object");
   }
-  if (!duplicate_key.empty()) throw UserError(path_ + ": header has duplicate key '" + duplicate_key + "'");
+  if (!duplicate_key.empty()) throw UserError(path_ + ": header has duplicate key " + quote_value(duplicate_key));
 
   const uint64_t data_len = mapping_->length - data_start_;
   for (const auto& [name, entry] : root.items()) {
@@ -208,7 +215,7 @@ void SafetensorsFile::parse_header(const char* header, uint64_t header_len) {
       }
       for (const auto& [key, value] : entry.items()) {
         if (!value.is_string()) {
-          throw UserError(path_ + ": __metadata__['" + key + "'] is JSON " + std::string(value.type_name()) +
+          throw UserError(path_ + ": __metadata__[" + quote_value(key) + "] is JSON " + std::string(value.type_name()) +
                           ", expected a string");
         }
         metadata_[key] = value.get<std::string>();
@@ -216,7 +223,7 @@ void SafetensorsFile::parse_header(const char* header, uint64_t header_len) {
       continue;
     }
 
-    const std::string where = path_ + ": tensor '" + name + "'";
+    const std::string where = path_ + ": tensor " + quote_value(name);
     if (!entry.is_object()) {
       throw UserError(where + " is JSON " + std::string(entry.type_name()) +
                       ", expected an object with dtype, shape, data_offsets");
@@ -617,6 +624,8 @@ FileDigest save_safetensors_lazy(const std::string& path, const std::vector<Lazy
   const uint64_t header_len = header_text.size();
 
   const std::string tmp_path = path + ".tmp";
+  require_output_file(path);  // never rename over a device, FIFO or socket (--out /dev/null as root)
+  require_output_file(tmp_path);
   FdGuard fd{::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
   if (fd.fd < 0) throw UserError(tmp_path + ": cannot create (" + errno_text(errno) + ")");
   Xxh3 hash;

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/io/checkpoint_dir.h"
 #include "pi0/io/manifest.h"
@@ -38,17 +39,7 @@ std::vector<std::pair<std::string, torch::Tensor>> to_vector(const std::map<std:
   return {m.begin(), m.end()};
 }
 
-// Writes `text` to `path` through a temporary file and a rename, so a crash never leaves a half-written file.
-void write_file_atomic(const fs::path& path, const std::string& text) {
-  const auto tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f) throw UserError("cannot write '" + tmp + "'");
-    f << text;
-    if (!f.flush()) throw UserError("cannot write '" + tmp + "'");
-  }
-  fs::rename(tmp, path);
-}
+void write_file_atomic(const fs::path& path, const std::string& text) { pi0::write_file_atomic(path.string(), text); }
 
 // `dir` is a writable directory, or can be created (its nearest existing ancestor is a writable directory);
 // UserError naming `key` otherwise. Checked before the model is built, so a bad run_dir costs no start-up time,
@@ -128,9 +119,8 @@ std::optional<std::string> Checkpointer::check_run_dir(bool resume) {
                         "--set checkpoint.init_weights=NEW_PATH");
       }
     }
-  } else if (!ck.init_weights.empty() && !fs::is_regular_file(ck.init_weights)) {
-    throw UserError("checkpoint.init_weights '" + ck.init_weights + "': no such file; expected an openpi/LeRobot "
-                    "model.safetensors");
+  } else if (!ck.init_weights.empty()) {
+    require_input_file(ck.init_weights, "checkpoint.init_weights", "an openpi/LeRobot model.safetensors");
   }
   return dir;
 }
@@ -200,7 +190,7 @@ void Checkpointer::reject(const std::string& dir, const std::string& why) {
 
 void Checkpointer::resume(std::optional<std::string> dir, const TrainState& state) {
   const auto& ck = cfg_.checkpoint;
-  fs::create_directories(ck.run_dir);
+  create_directories_or_throw(ck.run_dir, "checkpoint.run_dir");
   if (dir) {
     // Falls back to older checkpoints while the chosen one turns out not to verify (newest_verified policy).
     while (true) {
@@ -370,7 +360,7 @@ std::string Checkpointer::save(const TrainState& s) {
     write_file_atomic(tmp / io::kTrainerStateFile, to_json(state).dump(2) + "\n");
     write_file_atomic(tmp / io::kConfigYamlFile, YAML::Dump(config::to_yaml(cfg_)) + "\n");
     const auto assets = tmp / io::kAssetsDir / ck.asset_id;
-    fs::create_directories(assets);
+    create_directories_or_throw(assets.string(), "checkpoint assets");
     fs::copy_file(cfg_.data.norm_stats, assets / io::kNormStatsFile, fs::copy_options::overwrite_existing);
     fs::copy_file(cfg_.data.tokenizer, tmp / io::kTokenizerFile, fs::copy_options::overwrite_existing);
     io::write_manifest(tmp.string(), step, digests);  // last: it lists every other file
@@ -483,7 +473,8 @@ void Checkpointer::restore(const std::string& dir, const TrainState& s) {
     }
   } catch (const UserError& e) {
     unusable_if_unverified(e.what());
-    throw;  // the contents verify: the checkpoint is fine, this run cannot use it (config mismatch)
+    // The contents verify, but this run cannot use them (another model, relabelled dtypes): fall back as well.
+    throw UnusableCheckpoint(e.what());
   }
   unusable_if_unverified("");
   spdlog::info("loaded checkpoint state in {:.1f} s", std::chrono::duration<double>(Clock::now() - t0).count());

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 
 namespace pi0::train {
@@ -10,20 +11,16 @@ namespace pi0::train {
 MetricsWriter::MetricsWriter(const std::string& path, int64_t drop_from_step) : path_(path) {
   namespace fs = pi0::posix_fs;
   const fs::path p(path);
-  std::error_code ec;
-  if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
+  if (p.has_parent_path()) create_directories_or_throw(p.parent_path().string(), "metrics directory");
+  require_output_file(path);  // appending to a FIFO would block, to a device would lose the records
   if (drop_from_step >= 0 && fs::exists(p)) {
     std::vector<nlohmann::json> kept;
     for (auto& r : read_metrics(path))
       if (!(r.contains("step") && r["step"].is_number() && r["step"].get<int64_t>() >= drop_from_step))
         kept.push_back(std::move(r));
-    const auto tmp = path + ".tmp";
-    {
-      std::ofstream rewrite(tmp, std::ios::trunc);
-      for (const auto& r : kept) rewrite << r.dump() << "\n";
-      if (!rewrite) throw UserError("cannot write metrics file '" + tmp + "'");
-    }
-    fs::rename(tmp, p);
+    std::string text;
+    for (const auto& r : kept) text += r.dump() + "\n";
+    write_file_atomic(path, text);
   }
   out_.open(path, std::ios::app);
   if (!out_) throw UserError("cannot open metrics file '" + path + "' for writing");
@@ -42,6 +39,8 @@ void MetricsWriter::write(int64_t step, const std::map<std::string, double>& val
 }
 
 std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  if (const auto problem = input_file_problem(path); !problem.empty())
+    throw UserError("cannot read metrics file '" + path + "' (" + problem + ")");
   std::ifstream in(path);
   if (!in) throw UserError("cannot read metrics file '" + path + "'");
   std::vector<nlohmann::json> records;

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 
 namespace pi0::train {
 
@@ -274,9 +275,7 @@ std::vector<uint8_t> encode_png(const Canvas& canvas) {
 
 void write_png(const std::string& path, const Canvas& canvas) {
   const auto bytes = encode_png(canvas);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!out) throw UserError("cannot write PNG '" + path + "'");
+  write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 }  // namespace pi0::train

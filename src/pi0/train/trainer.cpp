@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/distributed/consistency.h"
@@ -76,9 +77,16 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
   resume_dir_ = checkpointer_.check_run_dir(options_.resume);
   check_model_settings();
   data_ = make_data_pipeline(cfg_, local_batch(), options_.rank, options_.world_size);
-  if (resume_dir_) {
-    check_resumable(read_trainer_state(*resume_dir_), *resume_dir_, options_.world_size,
-                    data_.loader->batches_per_epoch());
+  while (resume_dir_) {  // a checkpoint this run cannot continue (batch size, world size) falls back like a bad one
+    try {
+      check_resumable(read_trainer_state(*resume_dir_), *resume_dir_, options_.world_size,
+                      data_.loader->batches_per_epoch());
+      break;
+    } catch (const UserError& e) {
+      checkpointer_.reject(*resume_dir_, e.what());
+      resume_dir_ = checkpointer_.pick(std::stoll(fs::path(*resume_dir_).filename().string()));
+      if (options_.rank == 0) spdlog::warn("--resume: falling back to {}", *resume_dir_);
+    }
   }
   interruption_point();
   // Same seed on every rank: every replica starts from identical weights.

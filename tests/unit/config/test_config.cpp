@@ -175,3 +175,61 @@ TEST_CASE("docs/config.md lists every key with its current default", "[unit][con
     CHECK(doc.find("| `" + key + "` | `" + def + "` | " + text + " |") != std::string::npos);
   }
 }
+
+TEST_CASE("checkpoint.asset_id must be a plain folder name, refused at load naming the key", "[unit][config]") {
+  // It names assets/<asset_id>/ inside every checkpoint and bundle: these put norm_stats.json outside them.
+  for (const std::string bad : {"../../../escaped", "/etc", "a/b", "..", ".", "''", "\"tab\\there\"", "\"nl\\nx\""}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parse("", {"checkpoint.asset_id=" + bad}),
+                      Contains("checkpoint.asset_id must be a plain folder name") && !Contains("\n"));
+  }
+  CHECK_THROWS_WITH(parse("checkpoint: {asset_id: ../x}\n"),
+                    Contains("checkpoint.asset_id must be a plain folder name") && Contains("'../x'"));
+  CHECK(parse("", {"checkpoint.asset_id=libero"}).checkpoint.asset_id == "libero");
+  CHECK(parse("", {"checkpoint.asset_id=trossen.v2_x"}).checkpoint.asset_id == "trossen.v2_x");
+}
+
+TEST_CASE("paths with control characters are refused at load, the value escaped", "[unit][config]") {
+  for (const std::string key : {"checkpoint.run_dir", "checkpoint.init_weights", "data.norm_stats", "data.tokenizer"}) {
+    INFO(key);
+    CHECK_THROWS_WITH(parse("", {key + "=\"runs/a\\nb\""}),
+                      key + " must be a path without control characters (newline, tab, escape) (got 'runs/a\\nb')");
+  }
+  CHECK_THROWS_WITH(parse("", {"data.dataset.paths=[ok.hdf5, \"x\\ty.hdf5\"]"}),
+                    Contains("data.dataset.paths[1] must be a path without control characters"));
+  CHECK(parse("", {"checkpoint.run_dir=runs/été 2026"}).checkpoint.run_dir == "runs/été 2026");  // UTF-8 is fine
+}
+
+TEST_CASE("a YAML alias bomb is refused at once, and anchors in a real config still work", "[unit][config]") {
+  // 9 levels of 9 aliases: 9^9 values once expanded. The duplicate-key check used to walk all of them (minutes).
+  std::string laughs = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
+  for (char level = 'b'; level <= 'i'; ++level) {
+    laughs += std::string(1, level) + ": &" + level + " [";
+    for (int i = 0; i < 9; ++i) laughs += std::string(i ? ", " : "") + "*" + static_cast<char>(level - 1);
+    laughs += "]\n";
+  }
+  // Five levels of 9 in a list, aliased twice from a real section (about 200000 values): refused before the
+  // unknown key x is even looked at.
+  std::string six = "train:\n  trainable_include: &f [*e, *e]\n";
+  std::string defs = "x:\n  - &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
+  for (char level = 'b'; level <= 'e'; ++level) {
+    defs += std::string("  - &") + level + " [";
+    for (int i = 0; i < 9; ++i) defs += std::string(i ? ", " : "") + "*" + static_cast<char>(level - 1);
+    defs += "]\n";
+  }
+  CHECK_THROWS_WITH(parse(defs + six), Contains("more than 100000 values"));
+  // Nine levels: refused at the same bound, after walking at most 100000 values (it used to take minutes).
+  CHECK_THROWS_WITH(parse(laughs), Contains("run.yaml: more than 100000 values once its YAML aliases") &&
+                                       Contains("alias bomb"));
+  // The same bomb in a --set value.
+  CHECK_THROWS_WITH(parse("", {"train.trainable_include=" + std::string("[&a [x,x,x,x,x,x,x,x,x,x], ") +
+                               "&b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], " +
+                               "&d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]]"}),
+                    Contains("--set train.trainable_include: more than 100000 values"));
+  // Anchors and aliases in a legitimate config.
+  const auto c = parse("train: {lr_peak: &lr 2.0e-4, lr_end: *lr, trainable_include: &inc ['a.*'], "
+                       "trainable_exclude: *inc}\nmodel: {action_dim: &d 16, action_horizon: *d}\n");
+  CHECK(c.train.lr_end == Approx(2e-4));
+  CHECK(c.train.trainable_exclude == std::vector<std::string>{"a.*"});
+  CHECK(c.model.action_horizon == 16);
+}

@@ -28,6 +28,7 @@
 #include "pi0/model/param_layout.h"
 #include "support/app_process.h"
 #include "support/corrupt.h"
+#include "support/log_capture.h"
 #include "support/test_support.h"
 
 using namespace pi0;
@@ -517,4 +518,54 @@ TEST_CASE("pi0-export and pi0-infer reject bad inputs with one line and exit cod
   check_user_error(infer(bundle + " --obs " + dir.str("good.safetensors") + out + " --num-steps 0 --prompt go"),
                    "pi0-infer", "--num-steps");
   CHECK(!fs::exists(dir.str("o.safetensors")));
+}
+
+TEST_CASE("pi0-export falls back past a newest checkpoint that does not verify, with --resume's warning",
+          "[unit][io]") {
+  testing::TempDir dir("pi0export");
+  auto run = fake_run(dir, /*lora=*/false);
+  // Step 7: a copy of step 5 with a NaN in its weights (newest, complete, damaged).
+  const std::string bad = run.run_dir + "/checkpoints/7";
+  fs::copy(run.checkpoint, bad, fs::copy_options::recursive);
+  testing::write_nan(bad + "/model.safetensors", "action_out_proj.weight");
+  const auto bad_bytes = testing::read_bytes(bad + "/model.safetensors");
+  {
+    testing::LogCapture log;
+    const auto rep = io::export_run(run.run_dir, dir.str("bundle"), export_options("model"));
+    CHECK(rep.checkpoint_dir == run.checkpoint);
+    CHECK_THAT(log.text(), Contains("checkpoint " + bad + " does not verify and is skipped (left untouched): " + bad +
+                                    "/model.safetensors") &&
+                               Contains("non-finite") && Contains("falling back to " + run.checkpoint));
+    CHECK_THAT(log.text(), !Contains("cannot be read"));  // the incomplete checkpoints/9 is no unreadable one
+  }
+  CHECK(testing::read_bytes(bad + "/model.safetensors") == bad_bytes);
+  // The app says the same and exits 0.
+  const auto app = run_app("pi0-export", "--checkpoint " + run.run_dir + " --out " + dir.str("bundle2"), dir);
+  CHECK(app.code == 0);
+  CHECK_THAT(app.out + app.err, Contains("does not verify and is skipped") && Contains("falling back to"));
+  // None verifies: one error naming the newest reason and how to export one checkpoint.
+  testing::write_nan(run.checkpoint + "/model.safetensors", "action_out_proj.weight");
+  CHECK_THROWS_WITH(io::export_run(run.run_dir, dir.str("bundle3"), export_options("model")),
+                    Contains("none of its 2 complete checkpoints verifies (newest: " + bad + "/model.safetensors") &&
+                        Contains("--checkpoint " + run.run_dir + "/checkpoints/<step>"));
+  CHECK(!fs::exists(dir.str("bundle3")));
+  // A checkpoint given by its own path is refused, never replaced by another.
+  CHECK_THROWS_AS(io::export_run(bad, dir.str("bundle3"), export_options("model")), io::CheckpointRejected);
+}
+
+TEST_CASE("pi0-export errors name --out, never its temporary folder (issue 23 item 8)", "[unit][io]") {
+  testing::TempDir dir("pi0export");
+  auto run = fake_run(dir, /*lora=*/false);
+  std::ofstream(dir.str("a_file")) << "x";
+  const std::string out = dir.str("a_file/bundle");
+  try {
+    io::export_run(run.checkpoint, out, export_options("model"));
+    FAIL("exported under a regular file");
+  } catch (const std::exception& e) {
+    CHECK_THAT(e.what(), Contains("--out '" + out + "'") && Contains("cannot create directories ('" +
+                                                                         dir.str("a_file") + "' is a regular file)"));
+    CHECK_THAT(e.what(), !Contains(".tmp_"));
+  }
+  check_user_error(run_app("pi0-export", "--checkpoint " + run.checkpoint + " --out " + out, dir), "pi0-export",
+                   "--out '" + out + "'");
 }

@@ -160,3 +160,20 @@ TEST_CASE("weights: an integer tensor never fills a float parameter, exact dtype
                           Contains("exactly the dtypes its trainer wrote"));
   }
 }
+
+TEST_CASE("a negative size in manifest.json is refused as such, not shown as 18446744073709551615",
+          "[unit][io]") {
+  testing::TempDir dir("pi0manifest");
+  make_dir(dir);
+  std::string text = testing::read_bytes(dir.str("manifest.json"));
+  const auto files = text.find("\"model.safetensors\"");
+  REQUIRE(files != std::string::npos);
+  const auto size = text.find("\"size\": ", files);
+  REQUIRE(size != std::string::npos);
+  const auto end = text.find_first_of(",\n}", size + 8);
+  text.replace(size + 8, end - (size + 8), "-1");
+  testing::write_bytes(dir.str("manifest.json"), text);
+  CHECK_THROWS_WITH(io::read_manifest(dir.str()),
+                    Contains("manifest.json: malformed (files['model.safetensors'].size is -1, expected a byte count "
+                             ">= 0)") && !Contains("18446744073709551615"));
+}

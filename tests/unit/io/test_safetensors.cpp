@@ -395,12 +395,25 @@ TEST_CASE("safetensors reader rejects corrupt files with a specific message", "[
   }
   SECTION("missing file") {
     REQUIRE_THROWS_WITH(SafetensorsFile(dir.file("nope.safetensors")),
-                        Catch::Contains("nope.safetensors: cannot open safetensors file (No such file"));
+                        Catch::Contains("nope.safetensors: cannot open safetensors file (file not found)"));
   }
   SECTION("a directory") {
     fs::create_directories(dir.file("a_dir"));
-    REQUIRE_THROWS_WITH(SafetensorsFile(dir.file("a_dir")), Catch::EndsWith("a_dir: not a regular file; expected a "
-                                                                            ".safetensors file"));
+    REQUIRE_THROWS_WITH(SafetensorsFile(dir.file("a_dir")),
+                        Catch::EndsWith("a_dir: cannot open safetensors file (is a directory, not a regular file)"));
+  }
+  SECTION("raw bytes of a damaged header are escaped in the message (issue 23 item 8)") {
+    // Not valid JSON, with bytes that are not UTF-8: the parser's message quotes them, the message escapes them.
+    write_bytes(path, make_image("{\"t\xff\xfe\x87\": nope}", ""));
+    std::string what;
+    try {
+      SafetensorsFile file(path);
+    } catch (const UserError& e) {
+      what = e.what();
+    }
+    CHECK_THAT(what, Catch::Contains("header is not valid JSON") && Catch::Contains("\\x"));
+    CHECK(what.find('\xff') == std::string::npos);
+    CHECK(what.find('\x87') == std::string::npos);
   }
   SECTION("unknown tensor name") {
     save_safetensors(path, {{"w", torch::ones({1})}});
@@ -483,9 +496,10 @@ TEST_CASE("save_safetensors rejects bad input and leaves the old file intact", "
     expect_old_file_intact();
   }
   SECTION("temporary file cannot be created") {
-    fs::create_directories(path + ".tmp");  // the .tmp path is taken by a directory
+    fs::create_directories(path + ".tmp");  // the .tmp path is taken by a directory: never replaced
     REQUIRE_THROWS_WITH(save_safetensors(path, {{"w", torch::ones({1})}}),
-                        Catch::StartsWith(path + ".tmp: cannot create ("));
+                        path + ".tmp: exists and is a directory, not a regular file; refusing to write over it "
+                        "(give a file path)");
     REQUIRE(read_bytes(path) == old_bytes);
     fs::remove(path + ".tmp");
   }
