@@ -379,12 +379,12 @@ int run_cold_parent(const Args& args) {
     std::vector<double> seconds;
     double resident = 0;  // largest resident fraction seen after eviction
   };
-  std::vector<Path> paths = {{"read", "raw read (read(), 64 MB buffer)", true},
-                             {"read_direct", "raw read (O_DIRECT, 16 MB blocks)", true},
-                             {"load_f32", "load float32 -> float32 tensors", true},
-                             {"load_bf16", "load float32 -> bf16 tensors", true},
-                             {"write_raw", "raw write (write() + fsync)", false},
-                             {"save", "save_safetensors (float32)", false}};
+  std::vector<Path> paths = {{"read", "raw read (read(), 64 MB buffer)", true, {}, 0},
+                             {"read_direct", "raw read (O_DIRECT, 16 MB blocks)", true, {}, 0},
+                             {"load_f32", "load float32 -> float32 tensors", true, {}, 0},
+                             {"load_bf16", "load float32 -> bf16 tensors", true, {}, 0},
+                             {"write_raw", "raw write (write() + fsync)", false, {}, 0},
+                             {"save", "save_safetensors (float32)", false, {}, 0}};
   for (int round = 0; round < args.repeat; ++round) {
     for (size_t k = 0; k < paths.size(); ++k) {
       // Alternate the order each round, so a drift in the disk's speed does not favour one path.

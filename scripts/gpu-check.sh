@@ -97,7 +97,7 @@ if [ $SUITE = 1 ]; then
   "$BUILD/tests/pi0_tests" "[cuda]" --durations yes > "$OUT_DIR/tests_cuda.log" 2>&1
   r=$?
   log "[cuda] tests: exit $r — $(grep -E '^(All tests passed|test cases:)' "$OUT_DIR/tests_cuda.log" | tail -1)"
-  grep -h "skipped \[cuda\]" "$OUT_DIR/tests_cuda.log" | sed 's/^ *//' | sort -u | while read -r l; do log "$l"; done
+  grep -h "skipped: \[cuda\]" "$OUT_DIR/tests_cuda.log" | sed 's/^ *//' | sort -u | while read -r l; do log "$l"; done
   grep -h "^parity cuda" "$OUT_DIR/tests_cuda.log" | sort -k8 -g | tail -2 | while read -r l; do log "largest: $l"; done
   [ $r = 0 ] || fail "[cuda] tests (tests_cuda.log)"
   if [ $CUDA_ONLY = 0 ]; then

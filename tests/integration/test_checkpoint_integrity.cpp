@@ -141,7 +141,7 @@ TEST_CASE("resume: a newest checkpoint that is a symlink loop is skipped with a 
   CHECK_THAT(log.text(), Contains("checkpoint " + ck + "/9 cannot be read (too many levels of symbolic links") &&
                              Contains("skipped (left untouched)"));
   CHECK(fs::is_symlink(ck + "/9"));
-  CHECK(train::complete_checkpoints(fs::path(ck).parent_path().string()) == std::vector<int64_t>{3, 6});
+  CHECK(io::complete_checkpoints(fs::path(ck).parent_path().string()) == std::vector<int64_t>{3, 6});
 }
 
 TEST_CASE("resume: a flipped bit, an older model file, an edited trainer_state.json are named (strict)",

@@ -42,7 +42,7 @@ TEST_CASE("pi0-train refuses a FIFO as --config or data.tokenizer and /dev/zero 
   REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
   auto r = run_app_process("pi0-train", "--config " + fifo, run.dir, kNoHang);
   check_user_error(r, "pi0-train", "config file '" + fifo + "': is a FIFO (named pipe), not a regular file");
-  for (const std::string tokenizer : {fifo, std::string("/dev/zero")}) {
+  for (const std::string& tokenizer : {fifo, std::string("/dev/zero")}) {
     INFO(tokenizer);
     const auto cfg = write_config(run, "tok.yaml", {"data.tokenizer=" + tokenizer});
     r = run_app_process("pi0-train", "--config " + cfg, run.dir, kNoHang);

@@ -10,7 +10,7 @@
 #include "pi0/config/config.h"
 #include "pi0/train/freeze.h"
 #include "pi0/train/metrics.h"
-#include "pi0/train/rank_memory.h"
+#include "pi0/train/memory_plan.h"
 #include "pi0/train/trainer.h"
 #include "support/app_process.h"
 #include "support/log_capture.h"

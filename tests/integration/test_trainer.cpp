@@ -91,7 +91,7 @@ TEST_CASE("final_checkpoint=false: periodic checkpoints only, none after the las
   train::Trainer t(run.config("run", {"train.num_steps=5", "checkpoint.save_interval=2", "checkpoint.keep_last=5"}),
                    no_final);
   CHECK(t.run() == 5);
-  CHECK(train::complete_checkpoints(run.dir.str("run")) == std::vector<int64_t>{2, 4});
+  CHECK(io::complete_checkpoints(run.dir.str("run")) == std::vector<int64_t>{2, 4});
   CHECK(losses(run.dir.str("run")).size() == 5);  // every step ran and was logged
 }
 

@@ -76,7 +76,9 @@ class directory_entry {
   explicit directory_entry(std::filesystem::path p) : path_(std::move(p)) {}
   const std::filesystem::path& path() const { return path_; }
   bool is_directory() const { return posix_fs::is_directory(path_); }
+  bool is_directory(std::error_code& ec) const { return posix_fs::is_directory(path_, ec); }
   bool is_regular_file() const { return posix_fs::is_regular_file(path_); }
+  bool is_regular_file(std::error_code& ec) const { return posix_fs::is_regular_file(path_, ec); }
   bool is_symlink() const { return posix_fs::is_symlink(path_); }
   uint64_t file_size() const { return posix_fs::file_size(path_); }
 

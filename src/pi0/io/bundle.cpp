@@ -290,7 +290,7 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     std::error_code ec;
     fs::remove_all(tmp, ec);
     throw UserError(out_what + ": cannot write the bundle (" + e.what() + ")");
-  } catch (const fs::filesystem_error& e) {
+  } catch (const std::system_error& e) {  // posix_fs errors (and std::filesystem's) carry errno
     std::error_code ec;
     fs::remove_all(tmp, ec);
     throw UserError(out_what + ": cannot write the bundle (" + errno_reason(e.code().value()) + ")");
