@@ -63,7 +63,7 @@ TEST_CASE("a run names the steps it trains, records metrics at metrics_interval 
   CHECK(train::read_metrics(run.dir.str("coarse") + "/metrics.jsonl").size() == 2);
 }
 
-TEST_CASE("--print-params: the header defines the memory total, the README's table quotes it", "[integration][app]") {
+TEST_CASE("pi0-train --print-params: the header defines the memory total, the README's table quotes it", "[integration][app]") {
   testing::TempDir dir("pi0params_doc");
   const auto r = testing::run_app_process(
       "pi0-train", "--config " + std::string(PI0_SOURCE_DIR) + "/configs/pi05_libero_lora.yaml --print-params", dir);

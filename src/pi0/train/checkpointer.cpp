@@ -166,7 +166,6 @@ std::optional<std::string> Checkpointer::pick(std::optional<int64_t> below) {
       verify(dir, *it);
       return dir;
     } catch (const UserError& e) {
-      if (!newest_rejection_) newest_rejection_ = e.what();
       reject(dir, e.what());
     }
   }
@@ -182,6 +181,9 @@ void Checkpointer::reject(const std::string& dir, const std::string& why) {
     throw UserError("--resume: checkpoint " + dir + " does not verify: " + why +
                     " (checkpoint.resume_policy=strict: not falling back to an older checkpoint)");
   }
+  // Rejections come newest first (pick's order, and a restore of the newest pick): the first one says why the
+  // newest checkpoint cannot be used, which the error when none verifies repeats.
+  if (!newest_rejection_) newest_rejection_ = why;
   bad_steps_.insert(std::stoll(fs::path(dir).filename().string()));
   if (rank_ == 0) {
     spdlog::warn("--resume: checkpoint {} does not verify and is skipped (left untouched): {}", dir, why);
