@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -125,6 +126,17 @@ void parse(const YAML::Node& n, YAML::Node& out, const std::string& src, const s
   if (!n.IsMap()) type_error(src, key, n, "a mapping of names to values");
   for (const auto& kv : n) key_text(kv.first, src, key);
   out = YAML::Clone(n);
+  // Kept as values, not as the text's layout: a map read from the compact one-line config ({...}) would otherwise
+  // be dumped in flow style, and the resolved config would not read back to the same text.
+  std::function<void(YAML::Node)> plain = [&](YAML::Node node) {
+    node.SetStyle(YAML::EmitterStyle::Default);
+    if (node.IsMap()) {
+      for (auto kv : node) plain(kv.second);
+    } else if (node.IsSequence()) {
+      for (auto item : node) plain(item);
+    }
+  };
+  plain(out);
 }
 
 // Reads one section's fields; remembers which keys it knows so unknown ones can be reported.
