@@ -10,44 +10,6 @@
 
 namespace pi0::train {
 
-data::DatasetOptions dataset_options(const config::Config& cfg) {
-  const auto& d = cfg.data.dataset;
-  if (d.paths.empty()) throw UserError("data.dataset.paths is empty: name the HDF5 files or globs to train on");
-  data::DatasetOptions o;
-  o.format = d.format;
-  o.paths = d.paths;
-  o.cameras = d.cameras;
-  o.state_keys = d.state_keys;
-  o.action_key = d.action_key;
-  o.prompt = d.prompt;
-  o.adapt_to_pi = d.adapt_to_pi;
-  o.action_horizon = cfg.model.action_horizon;
-  return o;
-}
-
-data::TransformOptions transform_options(const config::Config& cfg) {
-  data::TransformOptions t;
-  t.model_type = cfg.model.type;
-  t.action_dim = cfg.model.action_dim;
-  t.image_size = cfg.model.image_size;
-  t.max_token_len = cfg.model.max_token_len;
-  t.discrete_state_input = cfg.data.discrete_state_input;
-  t.delta_action_mask = cfg.data.delta_action_mask;
-  return t;
-}
-
-data::NormStats load_config_norm_stats(const config::Config& cfg) {
-  if (cfg.data.norm_stats.empty()) {
-    throw UserError("data.norm_stats is not set: compute it with pi0-norm-stats --config <run.yaml> and set the path");
-  }
-  if (!pi0::posix_fs::exists(cfg.data.norm_stats)) {
-    throw UserError("data.norm_stats: file '" + cfg.data.norm_stats +
-                    "' does not exist (compute it with pi0-norm-stats --config <run.yaml>)");
-  }
-  require_input_file(cfg.data.norm_stats, "data.norm_stats", "a norm_stats.json file");
-  return data::load_norm_stats(cfg.data.norm_stats);
-}
-
 DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, int64_t rank, int64_t world_size,
                                 data::LoaderPosition start) {
   if (cfg.data.tokenizer.empty()) throw UserError("data.tokenizer is not set: name a sentencepiece model file");
