@@ -32,14 +32,6 @@ namespace {
 // What the trainer logs when it starts building the model: absent from every run refused by its checks.
 const char* kBuildingModel = "building the model";
 
-// The tiny run's config as a file (the apps read files).
-std::string write_config(const TinyRun& run, const std::string& name, const std::string& run_dir,
-                         const std::vector<std::string>& extra = {}) {
-  const auto path = run.dir.str(name);
-  std::ofstream(path) << YAML::Dump(config::to_yaml(run.config(run_dir, extra)));
-  return path;
-}
-
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)), {});
@@ -98,7 +90,7 @@ TEST_CASE("every app answers --help and --version with exit 0 and refuses unknow
 TEST_CASE("pi0-train: config mistakes are one-line errors with exit 2, before any model is built",
           "[integration][app]") {
   TinyRun run;
-  const auto good = write_config(run, "good.yaml", "run");
+  const auto good = run.write_config("good.yaml", "run");
   std::ofstream(run.dir.str("empty.yaml")) << "# to be filled in\n";
   std::ofstream(run.dir.str("dup.yaml")) << slurp(good) << "\ntrain:\n  num_steps: 5\n";
   std::ofstream(run.dir.str("a_file")) << "x";
@@ -146,7 +138,7 @@ TEST_CASE("pi0-train --resume: malformed or unreadable checkpoints are one-line 
   REQUIRE(ckpt);
   const std::string state_file = ckpt->second + "/trainer_state.json";
   const std::string original = slurp(state_file);
-  const auto cfg = write_config(run, "resume.yaml", "run", {"train.num_steps=3"});
+  const auto cfg = run.write_config("resume.yaml", "run", {"train.num_steps=3"});
   struct Case {
     std::string from, to, expected;
   };
@@ -193,7 +185,7 @@ TEST_CASE("pi0-train --resume: malformed or unreadable checkpoints are one-line 
 TEST_CASE("SIGTERM during pi0-train start-up exits 0: stopped before the first step, nothing to save",
           "[integration][app]") {
   TinyRun run;
-  const auto cfg = write_config(run, "run.yaml", "run");
+  const auto cfg = run.write_config("run.yaml", "run");
   const std::string exe = std::string(PI0_BINARY_DIR) + "/pi0-train";
   const auto out = run.dir.str("out.txt"), err = run.dir.str("err.txt");
   const pid_t pid = fork();

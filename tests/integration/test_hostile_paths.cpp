@@ -27,12 +27,6 @@ namespace {
 // and then fails the exit-code check (124) instead of hanging the suite.
 const std::string kNoHang = "timeout 120 ";
 
-std::string write_config(const TinyRun& run, const std::string& name, const std::vector<std::string>& extra) {
-  const auto path = run.dir.str(name);
-  std::ofstream(path) << YAML::Dump(config::to_yaml(run.config("run", extra)));
-  return path;
-}
-
 }  // namespace
 
 TEST_CASE("pi0-train refuses a FIFO as --config or data.tokenizer and /dev/zero as data.tokenizer, at once",
@@ -44,7 +38,7 @@ TEST_CASE("pi0-train refuses a FIFO as --config or data.tokenizer and /dev/zero 
   check_user_error(r, "pi0-train", "config file '" + fifo + "': is a FIFO (named pipe), not a regular file");
   for (const std::string& tokenizer : {fifo, std::string("/dev/zero")}) {
     INFO(tokenizer);
-    const auto cfg = write_config(run, "tok.yaml", {"data.tokenizer=" + tokenizer});
+    const auto cfg = run.write_config("tok.yaml", "run", {"data.tokenizer=" + tokenizer});
     r = run_app_process("pi0-train", "--config " + cfg, run.dir, kNoHang);
     check_user_error(r, "pi0-train", "data.tokenizer '" + tokenizer + "': is a ");
     CHECK_THAT(r.err, Contains("not a regular file; expected a sentencepiece model file"));
@@ -54,10 +48,10 @@ TEST_CASE("pi0-train refuses a FIFO as --config or data.tokenizer and /dev/zero 
 TEST_CASE("pi0-train names the true reason: init_weights /dev/zero or a directory, unreadable HDF5 and norm stats",
           "[integration][app][inputs]") {
   TinyRun run;
-  auto cfg = write_config(run, "dev.yaml", {"checkpoint.init_weights=/dev/zero"});
+  auto cfg = run.write_config("dev.yaml", "run", {"checkpoint.init_weights=/dev/zero"});
   check_user_error(run_app_process("pi0-train", "--config " + cfg, run.dir), "pi0-train",
                    "checkpoint.init_weights '/dev/zero': is a character device, not a regular file");
-  cfg = write_config(run, "dir.yaml", {"checkpoint.init_weights=" + run.dir.str()});
+  cfg = run.write_config("dir.yaml", "run", {"checkpoint.init_weights=" + run.dir.str()});
   check_user_error(run_app_process("pi0-train", "--config " + cfg, run.dir), "pi0-train",
                    "checkpoint.init_weights '" + run.dir.str() + "': is a directory, not a regular file");
 
@@ -66,7 +60,7 @@ TEST_CASE("pi0-train names the true reason: init_weights /dev/zero or a director
     WARN("skipped the permission-denied cases: running as root and setpriv cannot drop CAP_DAC_OVERRIDE here");
     return;
   }
-  cfg = write_config(run, "run.yaml", {});
+  cfg = run.write_config("run.yaml", "run", {});
   // Norm stats nobody may read: "permission denied", not "file not found".
   REQUIRE(::chmod(run.norm_stats.c_str(), 0) == 0);
   auto r = run_app_process("pi0-train", "--config " + cfg, run.dir, *prefix);

@@ -18,16 +18,10 @@
 
 using namespace pi0;
 using Catch::Contains;
+using pi0::testing::read_text;
 using pi0::testing::TinyRun;
 namespace fs = std::filesystem;
 
-namespace {
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-}  // namespace
 
 TEST_CASE("a run names the steps it trains, records metrics at metrics_interval and logs at log_interval",
           "[integration][train]") {
@@ -73,7 +67,7 @@ TEST_CASE("pi0-train --print-params: the header defines the memory total, the RE
   CHECK_THAT(r.out, !Contains("--print-params adds them"));
   CHECK_THAT(r.out, Contains("\nactivations (micro-batch"));
   // README, "Memory and speed to expect": every row's figure is the `memory` total --print-params prints.
-  const auto readme = read_file(std::string(PI0_SOURCE_DIR) + "/README.md");
+  const auto readme = read_text(std::string(PI0_SOURCE_DIR) + "/README.md");
   const std::regex row(R"(\| [^|]*\(`([a-z0-9_]+\.yaml)`\) \| [0-9.]+ B \| ([0-9.]+) GiB \|)");
   int rows = 0;
   for (auto it = std::sregex_iterator(readme.begin(), readme.end(), row); it != std::sregex_iterator(); ++it) {

@@ -1,6 +1,10 @@
 // Helpers shared by tests: random observations for small models, finite-difference gradients, temp dirs.
 #pragma once
+#include <catch2/catch.hpp>
+
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <random>
 #include <string>
@@ -54,6 +58,13 @@ inline double max_rel_error(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 /// A fresh empty directory under the system temp dir, removed when the object dies.
+/// The whole file as bytes; the test fails (REQUIRE) if it cannot be opened.
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  REQUIRE(in);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
 class TempDir {
  public:
   explicit TempDir(const std::string& tag = "pi0test") {

@@ -1,6 +1,7 @@
 // A tiny training setup shared by the trainer and CUDA integration tests: generated LIBERO-layout episodes and
 // their norm stats in a temp dir, and configs/debug.yaml pointed at them.
 #pragma once
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,14 @@ struct TinyRun {
                                   "train.batch_size=8", "data.num_workers=1"};
     o.insert(o.end(), extra.begin(), extra.end());
     return config::load_config(std::string(PI0_SOURCE_DIR) + "/configs/debug.yaml", o);
+  }
+
+  /// config(run, extra) written as a YAML file dir/<name> (the apps read files); returns its path.
+  std::string write_config(const std::string& name, const std::string& run,
+                           const std::vector<std::string>& extra = {}) const {
+    const auto path = dir.str(name);
+    std::ofstream(path) << YAML::Dump(config::to_yaml(config(run, extra)));
+    return path;
   }
 };
 

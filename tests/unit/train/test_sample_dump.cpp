@@ -23,26 +23,21 @@
 
 using namespace pi0;
 using Catch::Contains;
+using pi0::testing::read_text;
 using pi0::testing::TinyRun;
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  REQUIRE(in);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
-}
-
 torch::Tensor read_png(const std::string& path) {
-  const auto bytes = slurp(path);
+  const auto bytes = read_text(path);
   return data::decode_png(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), path);
 }
 
 nlohmann::json sample_json(const std::string& dir, int i) {
   char name[32];
   std::snprintf(name, sizeof name, "sample_%03d", i);
-  return nlohmann::json::parse(slurp(dir + "/" + name + "/sample.json"));
+  return nlohmann::json::parse(read_text(dir + "/" + name + "/sample.json"));
 }
 
 std::string sample_dir(const std::string& dir, int i) {
