@@ -55,11 +55,12 @@ log "machine: $(tr '\n' ';' < "$OUT_DIR/machine.txt")"
 HAVE_GPU=0; $PY -c 'import torch,sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null && HAVE_GPU=1
 [ $HAVE_GPU = 1 ] || log "no usable GPU: the GPU steps are skipped; the flow runs on the CPU with configs/debug.yaml"
 
-# Configure + build everything (the suite runs the apps and the benchmarks). CMAKE_IGNORE_PREFIX_PATH keeps a
+# Configure + build everything (the suite runs the apps and the benchmarks). PI0_CMAKE_FLAGS adds flags, as in
+# setup.sh (the CPU rehearsal uses -DPI0_WERROR=ON and ccache). CMAKE_IGNORE_PREFIX_PATH keeps a
 # system copy of a package (if any) from shadowing the carried one.
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 if ! cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" \
-     -DPI0_DEPS_DIR="$DEPS" -DCMAKE_IGNORE_PREFIX_PATH=/usr > "$OUT_DIR/configure.log" 2>&1; then
+     -DPI0_DEPS_DIR="$DEPS" -DCMAKE_IGNORE_PREFIX_PATH=/usr ${PI0_CMAKE_FLAGS:-} > "$OUT_DIR/configure.log" 2>&1; then
   log "configure FAILED (configure.log)"; tail -20 "$OUT_DIR/configure.log"; exit 1
 fi
 grep '^-- pi0:' "$OUT_DIR/configure.log" | sed 's/^-- //' | while read -r l; do log "$l"; done
