@@ -8,7 +8,28 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
+#include "pi0/data/parquet.h"
+#include "pi0/data/video.h"
+#include "support/skip.h"
+
 namespace pi0::test {
+
+/// True when this build reads format: lerobot (Arrow/Parquet C++, libpng, FFmpeg). Otherwise the test case skips
+/// visibly (a CUDA build against pip's LibTorch has no Arrow unless -DPI0_ARROW_ROOT points at a pyarrow; its
+/// writer venv would need PyPI too) and returns false. With PI0_REQUIRE_LEROBOT=1 (CI: scripts/setup.sh provides
+/// all three) a missing reader is a failure instead.
+inline bool lerobot_built() {
+  if (data::parquet::available() && data::video_available()) return true;
+  const std::string why = "format: lerobot is not built here (" + data::parquet::build_info() +
+                          (data::video_available() ? "" : "; no FFmpeg") + ")";
+  const char* require = std::getenv("PI0_REQUIRE_LEROBOT");
+  if (require && std::string(require) == "1") {
+    FAIL_CHECK(why << " and PI0_REQUIRE_LEROBOT=1");
+  } else {
+    testing::skip(why);
+  }
+  return false;
+}
 
 /// Versions the test datasets are written with (pinned: the files must not change between CI runs).
 inline const char* kLeRobotWriterPackages = "pyarrow==26.0.1 numpy==2.4.6 av==18.1.0";

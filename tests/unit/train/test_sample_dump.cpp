@@ -152,6 +152,7 @@ TEST_CASE("dump_samples: ALOHA HDF5 with three cameras", "[unit][train][data]") 
 }
 
 TEST_CASE("dump_samples: a LeRobot dataset's frames, state and task prompt", "[lerobot][train]") {
+  if (!test::lerobot_built()) return;
   test::TempDir tmp;
   const std::string root = tmp.file("v21");
   test::write_lerobot(root, "--version v2.1 --images png --size 32");
