@@ -20,11 +20,11 @@ DIR="$(cd "$DIR" && pwd)"
 # Headers + CMake configs (-dev) and the shared libraries the build links (pi0_core, the spm shim, tests).
 # Not needed with a pip LibTorch: OpenBLAS (the wheel has MKL inside), libtorch-dev. gloo: headers only (the wheel's
 # libtorch_cpu has Gloo inside; c10d's ProcessGroupGloo.hpp includes gloo headers).
-DEV=(libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 libsentencepiece-dev libjpeg62-turbo-dev
+DEV=(libyaml-cpp-dev libpng-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 libsentencepiece-dev libjpeg62-turbo-dev
      libhdf5-dev libgloo-dev zlib1g-dev libaec-dev libmsgpack-cxx-dev libcli11-dev libxxhash-dev)
 # Not carried: Boost (pi0-serve's Beast/Asio), ~150 MB of headers, over the 64 MB a GPU-machine call can carry.
 # Without it configure leaves pi0-serve out and says so; the server is validated on CPU machines.
-RUNTIME=(libyaml-cpp0.7 libspdlog1.10 libfmt9 libsentencepiece0 libjpeg62-turbo libhdf5-103-1 libsz2 libaec0 libxxhash0)
+RUNTIME=(libyaml-cpp0.7 libpng16-16 libspdlog1.10 libfmt9 libsentencepiece0 libjpeg62-turbo libhdf5-103-1 libsz2 libaec0 libxxhash0)
 # Libraries assumed present on any glibc Linux the binaries run on; everything else the runtime set needs is carried.
 BASE='^(libc6|libgcc-s1|libstdc\+\+6|zlib1g|gcc-12-base|libcrypt1|debconf|perl-base|libselinux1|libpcre2-8-0|dpkg|tar|install-info|ca-certificates|openssl|libssl-dev)$'
 
@@ -37,7 +37,7 @@ echo "[fetch_deps] ${#PKGS[@]} packages into $DIR"
  done)
 for deb in "$DIR"/debs/*.deb; do dpkg -x "$deb" "$DIR"; done
 # What the build and the tests never use: the large static archives (Catch2 keeps its small main library), docs, man pages, Fortran/C++ HDF5 bindings.
-find "$DIR/usr" \( -name 'libhdf5*.a' -o -name 'libsentencepiece*.a' -o -path '*/share/doc/*' -o -path '*/share/man/*' -o -name '*fortran*' \) \
+find "$DIR/usr" \( -name 'libhdf5*.a' -o -name 'libsentencepiece*.a' -o -name 'libpng*.a' -o -path '*/share/doc/*' -o -path '*/share/man/*' -o -name '*fortran*' \) \
   -exec rm -rf {} + 2>/dev/null || true
 rm -rf "$DIR/debs"
 PIP=(python3 -m pip); [ -x .venv-cuda/bin/pip ] && PIP=(.venv-cuda/bin/pip)
