@@ -58,7 +58,7 @@ TEST_CASE("every app answers --help and --version with exit 0 and refuses unknow
       {"pi0-make-example-data", {"--out", "--episodes", "--steps", "--seed", "--image-size", "--format",
                                  "--observation-out", "--frame"}},
   };
-  if (fs::exists(std::string(PI0_BINARY_DIR) + "/pi0-serve")) {
+  if (fs::exists(testing::app_dir() + "/pi0-serve")) {
     apps.push_back({"pi0-serve", {"--bundle", "--host", "--port", "--device", "--robot", "--num-steps", "--dtype",
                                   "--api-key", "--max-clients", "--max-batch", "--io-threads", "--default-prompt",
                                   "--noise", "--max-frame-mb", "--metadata"}});
@@ -186,7 +186,7 @@ TEST_CASE("SIGTERM during pi0-train start-up exits 0: stopped before the first s
           "[integration][app]") {
   TinyRun run;
   const auto cfg = run.write_config("run.yaml", "run");
-  const std::string exe = std::string(PI0_BINARY_DIR) + "/pi0-train";
+  const std::string exe = testing::app_dir() + "/pi0-train";
   const auto out = run.dir.str("out.txt"), err = run.dir.str("err.txt");
   const pid_t pid = fork();
   if (pid == 0) {

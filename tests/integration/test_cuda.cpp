@@ -16,6 +16,7 @@
 #include "pi0/train/metrics.h"
 #include "pi0/train/trainer.h"
 #include "support/skip.h"
+#include "support/app_process.h"
 #include "support/test_support.h"
 #include "support/tiny_run.h"
 
@@ -150,7 +151,7 @@ TEST_CASE("pi0-infer --device cuda reproduces the CPU actions", "[cuda]") {
     train::Trainer t(run.config("infer", {"train.num_steps=2", "checkpoint.save_interval=2", "train.precision=float32"}));
     t.run();
   }
-  const std::string bin = PI0_BINARY_DIR, dir = run.dir.str();
+  const std::string bin = testing::app_dir(), dir = run.dir.str();
   auto sh = [&](const std::string& cmd) {
     const int status = std::system((cmd + " > " + dir + "/app.log 2>&1").c_str());
     std::ifstream in(dir + "/app.log");

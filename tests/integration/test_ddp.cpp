@@ -36,7 +36,7 @@ using pi0::testing::TempDir;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-const std::string kBin = std::string(PI0_BINARY_DIR);
+const std::string kBin = pi0::testing::app_dir();
 const std::string kSrc = std::string(PI0_SOURCE_DIR);
 
 /// The example dataset and its norm stats, made once per test binary run.

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "pi0/config/config.h"
 #include "support/app_process.h"
@@ -24,8 +25,9 @@ namespace fs = std::filesystem;
 namespace {
 
 // A refused input must be refused at once: a command that blocks (the old behaviour on a FIFO) is cut off here
-// and then fails the exit-code check (124) instead of hanging the suite.
-const std::string kNoHang = "timeout 120 ";
+// and then fails the exit-code check (124, or 137 when it outlives SIGTERM) instead of hanging the suite. The KILL
+// matters: pi0-train catches SIGTERM, and a handler that only sets a flag does not end a blocked open().
+const std::string kNoHang = "timeout -k 10 120 ";
 
 }  // namespace
 
@@ -78,15 +80,31 @@ TEST_CASE("pi0-train names the true reason: init_weights /dev/zero or a director
 
 TEST_CASE("a checkpoint.asset_id that is not a plain folder name stops pi0-train before anything is written",
           "[integration][app][inputs]") {
+  // A one-step run whose every other setting is valid: without the check it trains and its checkpoint's
+  // assets/<asset_id>/norm_stats.json lands outside the checkpoint (run/escaped/, or the absolute folder).
   TinyRun run;
-  for (const std::string id : {"../../../escaped", "/tmp/abs"}) {
-    INFO(id);
-    const auto r = run_app_process("pi0-train", "--config " + std::string(PI0_SOURCE_DIR) + "/configs/debug.yaml " +
-                                                   "--set checkpoint.run_dir=" + run.dir.str("run") +
-                                                   " --set checkpoint.asset_id=" + id, run.dir);
+  const std::vector<std::string> ids = {"../../../escaped", run.dir.str("abs")};
+  for (size_t i = 0; i < ids.size(); ++i) {
+    INFO(ids[i]);
+    const std::string run_dir = "run" + std::to_string(i);  // one per case: a run left behind cannot mask the next
+    const auto cfg = run.write_config(run_dir + ".yaml", run_dir, {"train.num_steps=1"});
+    const auto r = run_app_process("pi0-train", "--config " + cfg + " --set checkpoint.asset_id=" + ids[i], run.dir);
     check_user_error(r, "pi0-train", "checkpoint.asset_id must be a plain folder name");
-    CHECK(!fs::exists(run.dir.str("run")));
+    CHECK(!fs::exists(run.dir.str(run_dir)));
+    CHECK(!fs::exists(run.dir.str("abs")));
   }
+}
+
+TEST_CASE("a checkpoint.run_dir with a newline stops pi0-train before anything is written",
+          "[integration][app][inputs]") {
+  // It would split every log line that names the run (issue 23 item 2); YAML's "\n" escape puts a real newline in.
+  TinyRun run;
+  const auto cfg = run.write_config("run.yaml", "unused", {"train.num_steps=1"});
+  const auto r = run_app_process(
+      "pi0-train", "--config " + cfg + " --set 'checkpoint.run_dir=\"" + run.dir.str("run") + "\\nsplit\"'", run.dir);
+  check_user_error(r, "pi0-train", "checkpoint.run_dir must be a path without control characters");
+  CHECK(!fs::exists(run.dir.str("run") + "\nsplit"));
+  CHECK(!fs::exists(run.dir.str("unused")));
 }
 
 TEST_CASE("pi0-plot --out a character device exits 2 and leaves the device as it was", "[integration][app][inputs]") {

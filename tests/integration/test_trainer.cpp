@@ -26,6 +26,7 @@
 #include "pi0/train/signals.h"
 #include "pi0/train/trainer_state.h"
 #include "pi0/train/trainer.h"
+#include "support/app_process.h"
 #include "support/test_support.h"
 #include "support/tiny_run.h"
 
@@ -97,7 +98,7 @@ TEST_CASE("final_checkpoint=false: periodic checkpoints only, none after the las
 
 TEST_CASE("SIGTERM finishes the step, saves, exits 0, and the run resumes", "[integration][train]") {
   TinyRun run;
-  const std::string exe = std::string(PI0_BINARY_DIR) + "/pi0-train";
+  const std::string exe = testing::app_dir() + "/pi0-train";
   REQUIRE(fs::exists(exe));
   auto cfg = run.config("run", {"train.num_steps=100000", "checkpoint.save_interval=100000"});
   const auto cfg_path = run.dir.str("run.yaml");

@@ -19,18 +19,26 @@
 
 namespace pi0::testing {
 
+/// The directory the tests run the apps (pi0-train, pi0-serve, ...) from: $PI0_APP_DIR when set and not empty
+/// (e.g. installed binaries, or an older build to show that a test fails on it), else this build's directory.
+/// Only the apps: what the tests build there themselves (the Python venvs) stays in PI0_BINARY_DIR.
+inline std::string app_dir() {
+  const char* env = std::getenv("PI0_APP_DIR");
+  return env && *env ? std::string(env) : std::string(PI0_BINARY_DIR);
+}
+
 struct AppResult {
   int code = -1;           ///< exit status; -1 when killed by a signal
   int signal = 0;          ///< the signal that killed it, or 0
   std::string out, err;    ///< stdout, stderr
 };
 
-/// Runs `<build>/<app> <args>` through the shell (quote `args` for it); `prefix` goes before the executable.
+/// Runs `<app_dir()>/<app> <args>` through the shell (quote `args` for it); `prefix` goes before the executable.
 inline AppResult run_app_process(const std::string& app, const std::string& args, const TempDir& dir,
                                  const std::string& prefix = "") {
   const std::string out = dir.str("app_stdout.txt"), err = dir.str("app_stderr.txt");
   const std::string cmd =
-      prefix + std::string(PI0_BINARY_DIR) + "/" + app + " " + args + " > " + out + " 2> " + err + " < /dev/null";
+      prefix + app_dir() + "/" + app + " " + args + " > " + out + " 2> " + err + " < /dev/null";
   const int status = std::system(cmd.c_str());
   AppResult r;
   if (WIFEXITED(status)) r.code = WEXITSTATUS(status);
@@ -44,14 +52,14 @@ inline AppResult run_app_process(const std::string& app, const std::string& args
   return r;
 }
 
-/// True when every app in `apps` is built in <build>/. Otherwise a skip naming the missing ones (a multi-process
+/// True when every app in `apps` is built in app_dir(). Otherwise a skip naming the missing ones (a multi-process
 /// test cannot run without them; `cmake --build build` builds them all) and false.
 inline bool apps_built(std::initializer_list<const char*> apps) {
   std::string missing;
   for (const char* app : apps)
-    if (::access((std::string(PI0_BINARY_DIR) + "/" + app).c_str(), X_OK) != 0) missing += std::string(" ") + app;
+    if (::access((app_dir() + "/" + app).c_str(), X_OK) != 0) missing += std::string(" ") + app;
   if (missing.empty()) return true;
-  skip("not built in " + std::string(PI0_BINARY_DIR) + ":" + missing);
+  skip("not built in " + app_dir() + ":" + missing);
   return false;
 }
 

@@ -3,6 +3,8 @@
 // Checkpoints are written in-process with the trainer's writers (nothing is trained).
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +31,7 @@
 #include "support/app_process.h"
 #include "support/corrupt.h"
 #include "support/log_capture.h"
+#include "support/skip.h"
 #include "support/test_support.h"
 
 using namespace pi0;
@@ -518,6 +521,29 @@ TEST_CASE("pi0-export and pi0-infer reject bad inputs with one line and exit cod
   check_user_error(infer(bundle + " --obs " + dir.str("good.safetensors") + out + " --num-steps 0 --prompt go"),
                    "pi0-infer", "--num-steps");
   CHECK(!fs::exists(dir.str("o.safetensors")));
+}
+
+// Issue 23 item 1: --out was renamed over whatever it was (a character device became a 712-byte regular file, exit 0).
+TEST_CASE("pi0-infer --out a character device exits 2 and leaves the device as it was", "[unit][io]") {
+  testing::TempDir dir("pi0infer");
+  auto run = fake_run(dir, /*lora=*/false);
+  io::export_bundle(run.checkpoint, dir.str("bundle"), export_options("model"));
+  io::save_safetensors(dir.str("good.safetensors"), as_vector(raw_obs(1)));
+  const std::string args = "--bundle " + dir.str("bundle") + " --obs " + dir.str("good.safetensors") + " --prompt go";
+  const auto device = dir.str("null_device");  // like /dev/null (1, 3)
+  if (::mknod(device.c_str(), S_IFCHR | 0666, makedev(1, 3)) != 0) {
+    testing::skip("mknod of a character device is not permitted here");
+    return;
+  }
+  check_user_error(run_app("pi0-infer", args + " --out " + device, dir), "pi0-infer",
+                   device + ": exists and is a character device, not a regular file");
+  struct stat st {};
+  REQUIRE(::lstat(device.c_str(), &st) == 0);
+  CHECK(S_ISCHR(st.st_mode));
+  // The same command with a file as --out succeeds: only the destination was refused.
+  const auto ok = run_app("pi0-infer", args + " --out " + dir.str("actions.safetensors"), dir);
+  INFO(ok.err);
+  CHECK(ok.code == 0);
 }
 
 TEST_CASE("pi0-export falls back past a newest checkpoint that does not verify, with --resume's warning",

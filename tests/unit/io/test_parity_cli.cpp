@@ -14,6 +14,7 @@
 #include "pi0/io/safetensors.h"
 #include "pi0/model/model_config.h"
 #include "support/openpi_fixture.h"
+#include "support/app_process.h"
 #include "support/test_support.h"
 
 using namespace pi0;
@@ -23,7 +24,7 @@ namespace {
 
 int run_app(const std::string& app, const std::string& args, const testing::TempDir& dir, std::string* err) {
   const std::string err_path = dir.str("stderr.txt");
-  const std::string cmd = std::string(PI0_BINARY_DIR) + "/" + app + " " + args + " > " + dir.str("stdout.txt") + " 2> " +
+  const std::string cmd = testing::app_dir() + "/" + app + " " + args + " > " + dir.str("stdout.txt") + " 2> " +
                           err_path;
   const int status = std::system(cmd.c_str());
   std::ifstream in(err_path);

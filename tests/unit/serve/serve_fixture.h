@@ -25,6 +25,7 @@
 #include "pi0/io/safetensors.h"
 #include "pi0/model/model_config.h"
 #include "pi0/serve/msgpack_numpy.h"
+#include "support/app_process.h"
 #include "support/test_support.h"
 
 namespace pi0::serve_test {
@@ -110,7 +111,7 @@ class AppProcess {
   AppProcess(const std::string& app, const std::string& args, const TempDir& dir, const std::string& tag,
              bool ignore_sigint = false)
       : out_(dir.str(tag + "_stdout.txt")), err_(dir.str(tag + "_stderr.txt")) {
-    const std::string cmd = "exec " + std::string(PI0_BINARY_DIR) + "/" + app + " " + args + " > " + out_ + " 2> " + err_;
+    const std::string cmd = "exec " + testing::app_dir() + "/" + app + " " + args + " > " + out_ + " 2> " + err_;
     pid_ = ::fork();
     if (pid_ == 0) {
       if (ignore_sigint) ::signal(SIGINT, SIG_IGN);  // kept by sh and by exec

@@ -428,7 +428,8 @@ TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and a
                    dir, "serve_" + c.tag);
     const int port = app.port();
     INFO("pi0-serve stderr: " << app.stderr_text());
-    REQUIRE(port > 0);
+    CHECK(port > 0);
+    if (port <= 0) continue;  // the other cases still run: each reports its own failure
     const std::string out = dir.str(c.tag);
     const std::string log = dir.str(c.tag + "_driver.log");
     const std::string cmd = "timeout 300 " + python + " " + std::string(PI0_SOURCE_DIR) +
@@ -438,13 +439,14 @@ TEST_CASE("pi0-serve answers openpi-client 0.1.2 like pi0-infer for libero and a
     {
       std::ifstream in(log);
       INFO("driver: " << std::string((std::istreambuf_iterator<char>(in)), {}));
-      REQUIRE(rc == 0);
+      CHECK(rc == 0);
     }
+    if (rc != 0) continue;  // the other cases still run: each reports its own first failed check
     for (int i = 0; i < 3; ++i) {
       std::ifstream pin(out + "/prompt_" + std::to_string(i) + ".txt");
       const std::string prompt((std::istreambuf_iterator<char>(pin)), {});
       const std::string infer_out = out + "/infer_" + std::to_string(i) + ".safetensors";
-      const std::string icmd = std::string(PI0_BINARY_DIR) + "/pi0-infer --bundle " + c.bundle->bundle + " --obs " + out +
+      const std::string icmd = testing::app_dir() + "/pi0-infer --bundle " + c.bundle->bundle + " --obs " + out +
                                "/obs_" + std::to_string(i) + ".safetensors --prompt '" + prompt + "' --noise " +
                                c.bundle->noise + " " + steps + " --out " + infer_out + " > /dev/null 2>&1";
       REQUIRE(std::system(icmd.c_str()) == 0);
@@ -491,7 +493,7 @@ TEST_CASE("pi0-serve: bad flags and bundles are one-line errors with exit code 2
   for (const auto& c : cases) {
     INFO(c.args);
     const std::string out = dir.str("err.txt");
-    const int status = std::system((std::string(PI0_BINARY_DIR) + "/pi0-serve " + c.args + " > /dev/null 2> " + out).c_str());
+    const int status = std::system((testing::app_dir() + "/pi0-serve " + c.args + " > /dev/null 2> " + out).c_str());
     std::ifstream in(out);
     const std::string err((std::istreambuf_iterator<char>(in)), {});
     INFO("stderr: " << err);

@@ -15,6 +15,7 @@
 #include "pi0/train/metrics.h"
 #include "pi0/train/plot.h"
 #include "pi0/train/signals.h"
+#include "support/app_process.h"
 #include "support/test_support.h"
 
 using namespace pi0;
@@ -252,7 +253,7 @@ TEST_CASE("pi0-plot draws a metrics file", "[unit][train]") {
     MetricsWriter w(dir.str("metrics.jsonl"));
     for (int64_t s = 0; s < 50; ++s) w.write(s, {{"loss", 1.0 / (s + 1)}, {"lr", 1e-4 * s}});
   }
-  const std::string cmd = std::string(PI0_BINARY_DIR) + "/pi0-plot --metrics " + dir.str("metrics.jsonl") +
+  const std::string cmd = testing::app_dir() + "/pi0-plot --metrics " + dir.str("metrics.jsonl") +
                           " --out " + dir.str("loss.png") + " --width 500 --height 400 > /dev/null";
   REQUIRE(std::system(cmd.c_str()) == 0);
   std::ifstream in(dir.str("loss.png"), std::ios::binary);
@@ -262,6 +263,6 @@ TEST_CASE("pi0-plot draws a metrics file", "[unit][train]") {
   CHECK(w == 500);
   CHECK(h == 400);
   CHECK(count_color(rgb, {31, 119, 180}) > 100);
-  const std::string bad = std::string(PI0_BINARY_DIR) + "/pi0-plot --metrics x --out y --bogus 1 2> /dev/null";
+  const std::string bad = testing::app_dir() + "/pi0-plot --metrics x --out y --bogus 1 2> /dev/null";
   CHECK(std::system(bad.c_str()) != 0);
 }
