@@ -1,11 +1,13 @@
 // Damaged checkpoints at resume (issue 11, items 1-4 and 15): a relabelled dtype, a flipped bit, a file from an
-// older step, an edited trainer_state.json, NaN in the weights or optimizer state; falling back to the newest
-// checkpoint that verifies while leaving the bad one untouched, strict mode, keep_last rotation, checkpoints from
-// before manifests, and a save that fails on a full disk.
+// older step, an edited trainer_state.json, NaN in the weights or optimizer state; a newest checkpoint that is a
+// symlink loop or unreadable (mode 000); falling back to the newest checkpoint that verifies while leaving the bad
+// one untouched, strict mode, keep_last rotation, checkpoints from before manifests, and a save that fails on a full
+// disk.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -15,8 +17,10 @@
 #include "pi0/io/safetensors.h"
 #include "pi0/io/checkpoint_dir.h"
 #include "pi0/train/trainer.h"
+#include "support/app_process.h"
 #include "support/corrupt.h"
 #include "support/log_capture.h"
+#include "support/skip.h"
 #include "support/test_support.h"
 #include "support/tiny_run.h"
 
@@ -142,6 +146,48 @@ TEST_CASE("resume: a newest checkpoint that is a symlink loop is skipped with a 
                              Contains("skipped (left untouched)"));
   CHECK(fs::is_symlink(ck + "/9"));
   CHECK(io::complete_checkpoints(fs::path(ck).parent_path().string()) == std::vector<int64_t>{3, 6});
+}
+
+TEST_CASE("pi0-train --resume: an unreadable newest checkpoint (mode 000) is skipped with a warning naming it, the "
+          "run resumes from the older one and sets it aside when it saves that step again",
+          "[integration][app][checkpoint]") {
+  if (!testing::apps_built({"pi0-train"})) return;
+  // As root (here and in CI) file modes do not bite; the prefix drops the capabilities that bypass them.
+  const auto prefix = testing::permission_checked_prefix();
+  if (!prefix) {
+    testing::skip("running as root and setpriv cannot drop CAP_DAC_OVERRIDE here, so mode 000 cannot be tested");
+    return;
+  }
+  const auto& f = finished();
+  const auto ck = f.copy("denied");
+  const auto newest = ck + "/6";
+  std::map<std::string, std::string> before;  // file → bytes, to check that it is left as it was
+  for (const auto& e : fs::recursive_directory_iterator(newest))
+    if (e.is_regular_file()) before[e.path().lexically_relative(newest).string()] = testing::read_bytes(e.path().string());
+  REQUIRE(!before.empty());
+  // The same command as the run that wrote the checkpoints (train.num_steps=6): it trains steps 4-6 again and saves
+  // step 6, where the unreadable checkpoint is (swapping it out used to fail: 'cannot remove .tmp_6_<pid>').
+  const auto cfg = f.run.write_config("denied.yaml", "denied",
+                                      {"train.num_steps=6", "checkpoint.save_interval=3", "checkpoint.keep_last=2"});
+  REQUIRE(::chmod(newest.c_str(), 0) == 0);
+  const auto r = testing::run_app_process("pi0-train", "--config " + cfg + " --resume", f.run.dir, *prefix);
+  const auto aside = newest + ".unverified";
+  for (const auto& dir : {newest, aside}) ::chmod(dir.c_str(), 0755);  // whichever holds it now, for the checks
+  const auto log = r.out + r.err;
+  INFO("exit " << r.code << ", output:\n" << log);
+  CHECK(r.code == 0);
+  CHECK_THAT(log, Contains("checkpoint " + newest + " cannot be read (permission denied) and is skipped (left "
+                           "untouched)"));
+  CHECK_THAT(log, Contains("resumed from " + ck + "/3 at step 3"));
+  CHECK_THAT(log, Contains("checkpoint of step 6 could not be read (permission denied) at resume; moved to " + aside));
+  CHECK_THAT(log, !Contains("pi0-train: error"));
+  // Steps 4-6 trained and saved; the unreadable checkpoint kept, byte for byte, under another name.
+  CHECK(io::complete_checkpoints(fs::path(ck).parent_path().string()) == std::vector<int64_t>{3, 6});
+  CHECK_NOTHROW(check_verifies(newest));
+  std::map<std::string, std::string> after;
+  for (const auto& e : fs::recursive_directory_iterator(aside))
+    if (e.is_regular_file()) after[e.path().lexically_relative(aside).string()] = testing::read_bytes(e.path().string());
+  CHECK(after == before);
 }
 
 TEST_CASE("resume: a flipped bit, an older model file, an edited trainer_state.json are named (strict)",

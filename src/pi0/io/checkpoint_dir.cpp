@@ -120,21 +120,25 @@ std::vector<int64_t> complete_checkpoints(const std::string& run_dir) {
     if (!all_digits(name)) continue;
     // A checkpoint that cannot even be looked at (a symlink loop, a directory without read or search permission)
     // is skipped with a warning, so --resume and pi0-export fall back to an older one instead of stopping.
-    std::error_code dir_ec, marker_ec;
-    const bool is_dir = e.is_directory(dir_ec);
-    const bool complete = is_dir && fs::is_regular_file(e.path() / kCompleteMarker, marker_ec);
-    if (marker_ec == std::errc::no_such_file_or_directory) marker_ec.clear();  // no marker: incomplete, not unreadable
-    if (dir_ec || marker_ec) {
+    if (const auto why = unreadable_checkpoint(e.path().string()); !why.empty()) {
       // Said once per checkpoint: complete_checkpoints() runs again after every save.
       warn_once("unreadable checkpoint " + e.path().string(),
-                "checkpoint " + e.path().string() + " cannot be read (" +
-                    errno_reason((dir_ec ? dir_ec : marker_ec).value()) + ") and is skipped (left untouched)");
+                "checkpoint " + e.path().string() + " cannot be read (" + why + ") and is skipped (left untouched)");
       continue;
     }
-    if (complete) steps.push_back(std::stoll(name));
+    std::error_code ec_unused;  // unreadable_checkpoint() just looked: it is a directory, or nothing
+    if (fs::is_regular_file(e.path() / kCompleteMarker, ec_unused)) steps.push_back(std::stoll(name));
   }
   std::sort(steps.begin(), steps.end());
   return steps;
+}
+
+std::string unreadable_checkpoint(const std::string& dir) {
+  std::error_code dir_ec, marker_ec;
+  if (fs::is_directory(dir, dir_ec)) fs::is_regular_file(fs::path(dir) / kCompleteMarker, marker_ec);
+  if (marker_ec == std::errc::no_such_file_or_directory) marker_ec.clear();  // no marker: incomplete, not unreadable
+  if (!dir_ec && !marker_ec) return "";
+  return errno_reason((dir_ec ? dir_ec : marker_ec).value());
 }
 
 std::optional<std::pair<int64_t, std::string>> newest_complete_checkpoint(const std::string& run_dir) {

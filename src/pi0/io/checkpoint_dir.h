@@ -29,8 +29,13 @@ std::string begin_checkpoint(const std::string& run_dir, int64_t step);
 /// window can lose only that same-step checkpoint, never an older one). Returns the final path.
 std::string commit_checkpoint(const std::string& tmp_dir, const std::string& run_dir, int64_t step);
 
-/// Steps of all complete checkpoints (numeric directory with COMPLETE), ascending.
+/// Steps of all complete checkpoints (numeric directory with COMPLETE), ascending. One that cannot be looked at
+/// (unreadable_checkpoint) is left out, with a warning naming it and why.
 std::vector<int64_t> complete_checkpoints(const std::string& run_dir);
+
+/// Why checkpoint directory `dir` cannot be looked at (a symlink loop, no read or search permission), e.g.
+/// "permission denied"; "" when it can, or when nothing is there.
+std::string unreadable_checkpoint(const std::string& dir);
 
 /// (step, path) of the newest complete checkpoint, ignoring temporary and incomplete directories.
 std::optional<std::pair<int64_t, std::string>> newest_complete_checkpoint(const std::string& run_dir);
@@ -47,7 +52,7 @@ std::vector<int64_t> prune_checkpoints(const std::string& run_dir, int64_t keep_
 /// run_dir/checkpoints/<step>
 std::string checkpoint_path(const std::string& run_dir, int64_t step);
 
-/// Moves the complete checkpoint <step>/ (found not to verify) out of the way before a new checkpoint of the same
+/// Moves the checkpoint <step>/ (found not to verify, or unreadable) out of the way before a new checkpoint of the same
 /// step is committed, so it is never overwritten: renamed to <step>.unverified (or .unverified_<n>), which no
 /// resume, prune or temp clean-up touches. Returns the new path.
 std::string set_aside_checkpoint(const std::string& run_dir, int64_t step);

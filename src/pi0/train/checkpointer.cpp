@@ -242,11 +242,14 @@ std::string Checkpointer::save(const TrainState& s) {
   }
   fs::path tmp;
   if (rank0) {
-    if (bad_steps_.count(step) && fs::exists(io::checkpoint_path(ck.run_dir, step))) {
-      // Never overwrite a checkpoint that failed verification: keep it, under another name, for inspection.
+    // Never overwrite a checkpoint that failed verification, or one that resume could not read (skipped with a
+    // warning, and swapping it out would leave a directory this run cannot delete): keep it, under another name.
+    const bool failed = bad_steps_.count(step) && fs::exists(io::checkpoint_path(ck.run_dir, step));
+    const auto unreadable = failed ? std::string() : io::unreadable_checkpoint(io::checkpoint_path(ck.run_dir, step));
+    if (failed || !unreadable.empty()) {
       const auto aside = io::set_aside_checkpoint(ck.run_dir, step);
-      spdlog::warn("checkpoint of step {} failed verification at resume; moved to {} so the new one does not "
-                   "replace it", step, aside);
+      spdlog::warn("checkpoint of step {} {} at resume; moved to {} so the new one does not replace it", step,
+                   failed ? "failed verification" : "could not be read (" + unreadable + ")", aside);
       bad_steps_.erase(step);
     }
     tmp = io::begin_checkpoint(ck.run_dir, step);
