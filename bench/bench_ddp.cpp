@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -24,6 +25,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "pi0/app/cli.h"
+#include "pi0/common/check.h"
 #include "pi0/common/fs.h"
 #include "pi0/config/config.h"
 #include "pi0/train/metrics.h"
@@ -46,7 +49,7 @@ int free_port() {
   return ntohs(a.sin_port);
 }
 
-int run(const std::string& cmd) { return std::system(cmd.c_str()); }
+int shell(const std::string& cmd) { return std::system(cmd.c_str()); }
 
 struct Result {
   double step_s = 0, comm_s = 0, exposed_s = 0;
@@ -150,11 +153,8 @@ std::vector<std::string> split_modes(const std::string& value) {
   std::vector<std::string> modes;
   std::stringstream in(value);
   for (std::string m; std::getline(in, m, ',');) {
-    if (m != "none" && m != "optimizer" && m != "gradients") {
-      std::fprintf(stderr, "bench_ddp: --shard: got '%s', expected none, optimizer, gradients (comma-separated) or all\n",
-                   m.c_str());
-      std::exit(2);
-    }
+    if (m != "none" && m != "optimizer" && m != "gradients")
+      throw pi0::UserError("--shard: got '" + m + "', expected none, optimizer, gradients (comma-separated) or all");
     modes.push_back(m);
   }
   return modes;
@@ -162,36 +162,40 @@ std::vector<std::string> split_modes(const std::string& value) {
 
 double mb(int64_t bytes) { return static_cast<double>(bytes) / 1e6; }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  int ranks = 2, steps = 12, warmup = 3, batch = 16, threads = 1, bucket_mb = 25;
+struct Args {
+  int ranks = 2, steps = 12, warmup = 3, batch_size = 16, threads = 1, bucket_mb = 25;
   std::string freeze = "full", shard = "none";
   bool json = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--json") {
-      json = true;
-      continue;
-    }
-    if (i + 1 >= argc) break;
-    const std::string v = argv[++i];
-    if (a == "--ranks") ranks = std::stoi(v);
-    else if (a == "--steps") steps = std::stoi(v);
-    else if (a == "--warmup") warmup = std::stoi(v);
-    else if (a == "--batch-size") batch = std::stoi(v);
-    else if (a == "--threads") threads = std::stoi(v);
-    else if (a == "--bucket-mb") bucket_mb = std::stoi(v);
-    else if (a == "--freeze") freeze = v;
-    else if (a == "--shard") shard = v;
-  }
-  const auto modes = split_modes(shard);
+};
+
+// Flags through the shared command-line layer (--help lists them); std::nullopt when --help/--version answered.
+std::optional<Args> parse_args(int argc, char** argv) {
+  Args a;
+  namespace app = pi0::app;
+  auto cli = app::make_parser("bench_ddp", "Data-parallel step time on CPU: pi0-train on configs/debug.yaml with 1 "
+                                           "rank and with N ranks (Gloo), same global batch.");
+  cli->add_option("--ranks", a.ranks, "processes of the data-parallel runs")->check(app::int_in(1));
+  cli->add_option("--steps", a.steps, "measured steps per run")->check(app::int_in(1));
+  cli->add_option("--warmup", a.warmup, "steps before them, not measured")->check(app::int_in(0));
+  cli->add_option("--batch-size", a.batch_size, "global batch (train.batch_size)")->check(app::int_in(1));
+  cli->add_option("--threads", a.threads, "OMP_NUM_THREADS of each rank")->check(app::int_in(1));
+  cli->add_option("--bucket-mb", a.bucket_mb, "dist.bucket_size_mb")->check(app::int_in(1));
+  cli->add_option("--freeze", a.freeze, "train.freeze preset")->check(app::non_empty());
+  cli->add_option("--shard", a.shard, "dist.shard modes of the N-rank runs: none, optimizer, gradients "
+                                      "(comma-separated) or all");
+  cli->add_flag("--json", a.json, "also print the figures as one JSON object");
+  if (app::parse(*cli, argc, argv)) return std::nullopt;
+  return a;
+}
+
+int run(const Args& args) {
+  const auto modes = split_modes(args.shard);
   const std::string bin = fs::canonical("/proc/self/exe").parent_path().string();
   std::string src = PI0_BENCH_SOURCE_DIR;
   const auto work = fs::temp_directory_path() / ("pi0_bench_ddp_" + std::to_string(getpid()));
   fs::create_directories(work / "data");
-  if (run(bin + "/pi0-make-example-data --out " + (work / "data").string() + " --episodes 8 --steps 40 > /dev/null") ||
-      run(bin + "/pi0-norm-stats --config " + src + "/configs/debug.yaml --set 'data.dataset.paths=[" +
+  if (shell(bin + "/pi0-make-example-data --out " + (work / "data").string() + " --episodes 8 --steps 40 > /dev/null") ||
+      shell(bin + "/pi0-norm-stats --config " + src + "/configs/debug.yaml --set 'data.dataset.paths=[" +
           (work / "data").string() + "/*.hdf5]' --out " + (work / "data" / "norm_stats.json").string() +
           " > /dev/null 2>&1")) {
     std::fprintf(stderr, "bench_ddp: making the example data failed\n");
@@ -199,36 +203,41 @@ int main(int argc, char** argv) {
   }
   std::printf("bench_ddp: configs/debug.yaml (float32, freeze %s), global batch %d, %d threads per rank, %d "
               "measured steps after %d warm-up, bucket %d MB\n",
-              freeze.c_str(), batch, threads, steps, warmup, bucket_mb);
-  const auto one = train(bin, src, work, 1, steps, warmup, batch, threads, bucket_mb, freeze, "none");
+              args.freeze.c_str(), args.batch_size, args.threads, args.steps, args.warmup, args.bucket_mb);
+  const auto one = train(bin, src, work, 1, args.steps, args.warmup, args.batch_size, args.threads, args.bucket_mb,
+                         args.freeze, "none");
   std::printf("| ranks | dist.shard | step time (median) | speed-up | reduction span / step | exposed in wait() / step "
               "| hidden | AdamW / rank | EMA / rank | grads / rank | plan: AdamW + EMA + grads / rank |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|\n");
   {
-    const auto cfg = pi0::config::load_config(src + "/configs/debug.yaml",
-                                              {"train.batch_size=" + std::to_string(batch), "train.freeze=" + freeze});
+    const auto cfg = pi0::config::load_config(
+        src + "/configs/debug.yaml", {"train.batch_size=" + std::to_string(args.batch_size), "train.freeze=" + args.freeze});
     const auto plan = pi0::train::plan_rank_memory(cfg, 1);
     auto logged = [&](int64_t bytes) { return one.held_logged ? mb(bytes) : -1.0; };
     std::printf("| 1 | - | %.1f ms | 1.00x | - | - | - | %.2f MB | %.2f MB | %.2f MB | %.2f + %.2f + %.2f MB |\n",
                 one.step_s * 1e3, logged(one.optimizer_bytes), logged(one.ema_bytes), logged(one.grad_bytes),
                 mb(plan.optimizer_bytes), mb(plan.ema_bytes), mb(plan.grad_bytes));
   }
-  nlohmann::json out = {{"config", "configs/debug.yaml"}, {"freeze", freeze}, {"global_batch", batch},
-                        {"threads_per_rank", threads}, {"bucket_mb", bucket_mb}, {"ranks", ranks},
+  nlohmann::json out = {{"config", "configs/debug.yaml"}, {"freeze", args.freeze},
+                        {"global_batch", args.batch_size}, {"threads_per_rank", args.threads},
+                        {"bucket_mb", args.bucket_mb}, {"ranks", args.ranks},
                         {"one_rank_step_s", one.step_s}, {"one_rank_optimizer_bytes", one.optimizer_bytes},
                         {"one_rank_ema_bytes", one.ema_bytes}, {"one_rank_grad_bytes", one.grad_bytes},
                         {"modes", nlohmann::json::object()}};
   for (const auto& mode : modes) {
-    const auto many = train(bin, src, work, ranks, steps, warmup, batch, threads, bucket_mb, freeze, mode);
+    const auto many = train(bin, src, work, args.ranks, args.steps, args.warmup, args.batch_size, args.threads,
+                            args.bucket_mb, args.freeze, mode);
     const auto cfg = pi0::config::load_config(src + "/configs/debug.yaml",
-                                              {"train.batch_size=" + std::to_string(batch), "train.freeze=" + freeze,
-                                               "dist.bucket_size_mb=" + std::to_string(bucket_mb), "dist.shard=" + mode});
-    const auto plan = pi0::train::plan_rank_memory(cfg, ranks);
+                                              {"train.batch_size=" + std::to_string(args.batch_size),
+                                               "train.freeze=" + args.freeze,
+                                               "dist.bucket_size_mb=" + std::to_string(args.bucket_mb),
+                                               "dist.shard=" + mode});
+    const auto plan = pi0::train::plan_rank_memory(cfg, args.ranks);
     const double hidden = many.comm_s > 0 ? 100.0 * std::max(0.0, 1.0 - many.exposed_s / many.comm_s) : 0.0;
     auto logged = [&](int64_t bytes) { return many.held_logged ? mb(bytes) : -1.0; };
     std::printf("| %d | %s | %.1f ms | %.2fx | %.1f ms | %.1f ms | %.0f %% | %.2f MB | %.2f MB | %.2f MB | %.2f + %.2f + "
                 "%.2f MB |\n",
-                ranks, mode.c_str(), many.step_s * 1e3, one.step_s / many.step_s, many.comm_s * 1e3,
+                args.ranks, mode.c_str(), many.step_s * 1e3, one.step_s / many.step_s, many.comm_s * 1e3,
                 many.exposed_s * 1e3, hidden, logged(many.optimizer_bytes), logged(many.ema_bytes),
                 logged(many.grad_bytes), mb(plan.optimizer_bytes), mb(plan.ema_bytes), mb(plan.grad_bytes));
     out["modes"][mode] = {{"step_s", many.step_s},
@@ -240,7 +249,16 @@ int main(int argc, char** argv) {
                           {"grad_bytes", many.grad_bytes},
                           {"plan", pi0::train::rank_memory_json(plan)}};
   }
-  if (json) std::printf("%s\n", out.dump().c_str());
+  if (args.json) std::printf("%s\n", out.dump().c_str());
   fs::remove_all(work);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return pi0::app::run_app("bench_ddp", [&] {
+    const auto args = parse_args(argc, argv);
+    return args ? run(*args) : 0;
+  });
 }

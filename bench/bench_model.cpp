@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "pi0/app/cli.h"
 #include "pi0/common/check.h"
 #include "pi0/common/threads.h"
 #include "pi0/config/config.h"
@@ -44,25 +46,21 @@ struct Args {
   bool profile = false;   ///< time SigLIP and the joint Gemma pass separately
 };
 
-Args parse_args(int argc, char** argv) {
+// Flags through the shared command-line layer (--help lists them); std::nullopt when --help/--version answered.
+std::optional<Args> parse_args(int argc, char** argv) {
   Args a;
-  auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) throw UserError(std::string(argv[i]) + " needs a value");
-    return argv[++i];
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--config") a.config = value(i);
-    else if (k == "--iters") a.iters = std::stoi(value(i));
-    else if (k == "--sample-iters") a.sample_iters = std::stoi(value(i));
-    else if (k == "--json") a.json = value(i);
-    else if (k == "--threads") a.threads = std::stoi(value(i));
-    else if (k == "--cameras") a.cameras = std::stoll(value(i));
-    else if (k == "--skip-bf16") a.bf16 = false;
-    else if (k == "--profile") a.profile = true;
-    else throw UserError("unknown argument '" + k + "' (see the usage line at the top of bench/bench_model.cpp)");
-  }
-  if (a.iters < 1 || a.sample_iters < 1 || a.cameras < 1) throw UserError("--iters, --sample-iters, --cameras must be >= 1");
+  auto cli = app::make_parser("bench_model", "How close the training step and the sampler get to the machine's "
+                                             "float32 GEMM rate.");
+  cli->add_option("--config", a.config, "model and batch config (random weights)")->check(app::non_empty());
+  cli->add_option("--iters", a.iters, "timed training iterations per case (after 2 warm-up)")->check(app::int_in(1));
+  cli->add_option("--sample-iters", a.sample_iters, "timed sample_actions calls per case")->check(app::int_in(1));
+  cli->add_option("--json", a.json, "also write the results as JSON here")->check(app::non_empty());
+  cli->add_option("--threads", a.threads, "ATen, OpenMP and OpenBLAS threads (0: ATen's default)")
+      ->check(app::int_in(0));
+  cli->add_option("--cameras", a.cameras, "images per sample")->check(app::int_in(1));
+  cli->add_flag_callback("--skip-bf16", [&] { a.bf16 = false; }, "leave out the bfloat16 compute case");
+  cli->add_flag("--profile", a.profile, "time SigLIP and the joint Gemma pass separately");
+  if (app::parse(*cli, argc, argv)) return std::nullopt;
   return a;
 }
 
@@ -178,193 +176,191 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
+int run(const Args& args) {
+  const auto threads = pi0::set_num_threads(args.threads);  // ATen, OpenMP and the BLAS alike
+  torch::manual_seed(0);
+  const auto cfg = config::load_config(args.config);
+  const auto opts = model::options_from_config(cfg.model);
+  const int64_t batch = cfg.train.batch_size, cams = args.cameras;
+  const auto dummy = model::dummy_options(opts.pi05);
+
+  std::cout << "# bench_model\n\nconfig " << args.config << " (" << (opts.pi05 ? "pi05" : "pi0") << ", prefix width "
+            << opts.paligemma.width << ", expert width " << opts.action_expert.width << ", depth "
+            << opts.paligemma.depth << ", SigLIP width " << opts.siglip.width << " depth " << opts.siglip.depth
+            << ", batch " << batch << ", cameras " << cams << ")\n" << threads.describe() << "\n";
+  const auto info = at::get_parallel_info() + at::show_config();
+  // show_config() is one long comma-separated line: print only the entries that decide GEMM speed.
+  for (const std::string key : {"ATen parallel backend", "BLAS_INFO", "USE_MKLDNN", "CPU capability usage"}) {
+    auto pos = info.find(key);
+    if (pos != std::string::npos) std::cout << "  " << info.substr(pos, info.find_first_of(",\n", pos) - pos) << "\n";
+  }
+
+  // --- GEMM rate ---------------------------------------------------------------------------------------
+  const auto& p = opts.paligemma;
+  const auto& e = opts.action_expert;
+  const int64_t tp = cams * opts.siglip.num_patches() + opts.max_token_len;
+  const int64_t ts = opts.action_horizon + (opts.pi05 ? 0 : 1);
+  std::vector<Gemm> gemms = {
+      {"square 1024", 1024, 1024, 1024},
+      {"prefix mlp up", batch * tp, p.width, p.mlp_dim},
+      {"prefix mlp down", batch * tp, p.mlp_dim, p.width},
+      {"prefix q_proj", batch * tp, p.width, p.num_heads * p.head_dim},
+      {"siglip fc1", batch * cams * opts.siglip.num_patches(), opts.siglip.width, opts.siglip.mlp_dim},
+      {"suffix mlp up", batch * ts, e.width, e.mlp_dim},
+  };
+  for (auto& g : gemms) g.gflops = gemm_gflops(g.m, g.k, g.n);
+  const double gemm_rate = gemms[0].gflops;  // the reference: square 1024³
+  std::cout << "\n## float32 GEMM (torch::matmul, best of 7 runs)\n\n| shape | M×K×N | GFLOP/s |\n|---|---|---|\n";
+  for (const auto& g : gemms)
+    std::cout << "| " << g.name << " | " << g.m << "×" << g.k << "×" << g.n << " | " << fmt("%.1f", g.gflops) << " |\n";
+
+  // --- FLOP counts --------------------------------------------------------------------------------------
+  const auto fwd = model::forward_flops(opts, batch, cams);
+  const double train_flops = static_cast<double>(model::training_step_flops(opts, batch, cams));
+  const double dummy_flops = static_cast<double>(model::training_step_flops(dummy, batch, cams));
+  const double sample_cache = static_cast<double>(model::sampling_flops(opts, 1, cams, 10, true));
+  const double sample_full = static_cast<double>(model::sampling_flops(opts, 1, cams, 10, false));
+  std::cout << "\n## FLOPs (config model, batch " << batch << ")\n\n| part | forward GFLOP |\n|---|---|\n";
+  const std::pair<const char*, int64_t> parts[] = {{"SigLIP", fwd.vision},           {"projector", fwd.projector},
+                                                   {"prefix linear", fwd.prefix_linear}, {"suffix linear", fwd.suffix_linear},
+                                                   {"joint attention", fwd.attention}, {"action io", fwd.action_io}};
+  for (const auto& [name, f] : parts) std::cout << "| " << name << " | " << fmt("%.3f", f / 1e9) << " |\n";
+  std::cout << "| **forward total** | " << fmt("%.3f", fwd.total() / 1e9) << " |\n| training step (3×) | "
+            << fmt("%.3f", train_flops / 1e9) << " |\n| sampling, 10 steps, batch 1, KV cache | "
+            << fmt("%.3f", sample_cache / 1e9) << " |\n| sampling, 10 steps, batch 1, recompute | "
+            << fmt("%.3f", sample_full / 1e9) << " |\n";
+  std::cout.flush();
+
+  // --- Training step ------------------------------------------------------------------------------------
+  std::vector<Row> rows;
+  // The CPU may be shared (compiles): the reference rate is re-measured right before each case, so that a
+  // case's ratio compares two measurements taken under the same load.
+  auto local_gemm = [] { return gemm_gflops(1024, 1024, 1024); };
+  auto add = [&](Row r) {
+    std::cerr << "  " << r.name << ": " << fmt("%.1f", r.t.median_ms) << " ms\n";
+    rows.push_back(std::move(r));
+  };
+  {
+    model::Pi0 m(dummy);
+    add({"train dummy fp32", batch, time_training(m, dummy, batch, cams, args.iters), dummy_flops, local_gemm(), ""});
+  }
+  model::Pi0 m(opts);
+  add({"train fp32", batch, time_training(m, opts, batch, cams, args.iters), train_flops, local_gemm(), ""});
+  m->set_gradient_checkpointing(true);
+  add({"train fp32 + checkpointing", batch, time_training(m, opts, batch, cams, args.iters), train_flops, local_gemm(),
+       "FLOPs counted without the recomputation"});
+  m->set_gradient_checkpointing(false);
+  if (args.bf16) {
+    m->set_compute_dtype(torch::kBFloat16);
+    add({"train bf16 compute", batch, time_training(m, opts, batch, cams, std::min(args.iters, 5)), train_flops,
+         local_gemm(), "ratio against the fp32 GEMM rate"});
+    m->set_compute_dtype(torch::kFloat32);
+  }
+
+  // --- Sampling -----------------------------------------------------------------------------------------
+  {
+    auto obs = make_observation(opts, 1, cams);
+    auto noise = torch::randn({1, opts.action_horizon, opts.action_dim});
+    for (bool cache : {true, false}) {
+      auto t = time_it([&] { m->sample_actions(obs, noise, 10, cache); }, 1, args.sample_iters);
+      add({cache ? "sample 10 steps, KV cache" : "sample 10 steps, recompute", 1, t, cache ? sample_cache : sample_full,
+           local_gemm(), ""});
+    }
+  }
+
+  // --- Component profile (optional) ---------------------------------------------------------------------
+  if (args.profile) {
+    auto obs = make_observation(opts, batch, cams);
+    auto images = obs.images.size() == 1 ? obs.images[0] : torch::cat(obs.images, 0);
+    auto& pwe = *m->paligemma_with_expert;
+    auto vis = time_it(
+        [&] {
+          m->zero_grad(true);
+          pwe.vision->forward(images, torch::kFloat32, false).sum().backward();
+        },
+        1, args.iters);
+    add({"profile: SigLIP fwd+bwd", batch, vis, 3.0 * fwd.vision, local_gemm(), ""});
+    auto prefix = m->embed_prefix(obs);
+    auto x_t = torch::randn({batch, opts.action_horizon, opts.action_dim});
+    auto time = torch::rand({batch}) * 0.999 + 0.001;
+    auto pre_embs = prefix.embs.detach().requires_grad_(true);
+    auto gem = time_it(
+        [&] {
+          m->zero_grad(true);
+          auto suffix = m->embed_suffix(obs.state, x_t, time);
+          auto pad = torch::cat({prefix.pad_mask, suffix.pad_mask}, 1);
+          auto ar = torch::cat({prefix.ar_mask, suffix.ar_mask}, 0);
+          auto out = pwe.forward(pre_embs, suffix.embs, nn::make_attn_mask(pad, ar), nn::positions_from_mask(pad),
+                                 suffix.cond, nullptr, nullptr, false);
+          (out.prefix.sum() + out.suffix.sum()).backward();
+        },
+        1, args.iters);
+    add({"profile: joint Gemma fwd+bwd", batch, gem,
+         3.0 * (fwd.prefix_linear + fwd.suffix_linear + fwd.attention + fwd.action_io), local_gemm(), ""});
+  }
+
+  std::cout << "\n## Timings (median of N after warm-up; GEMM = 1024³ rate re-measured before each case)\n\n"
+            << "| case | batch | N | median ms | best ms | samples/s | GFLOP/s | GEMM GFLOP/s | % of GEMM | % (best) | note |\n"
+            << "|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : rows) {
+    std::cout << "| " << r.name << " | " << r.batch << " | " << r.t.n << " | " << fmt("%.1f", r.t.median_ms) << " | "
+              << fmt("%.1f", r.t.best_ms) << " | " << fmt("%.2f", r.batch * 1000.0 / r.t.median_ms) << " | "
+              << fmt("%.1f", r.gflops()) << " | " << fmt("%.1f", r.gemm_gflops) << " | " << fmt("%.1f", 100.0 * r.ratio())
+              << " | " << fmt("%.1f", 100.0 * r.best_ratio()) << " | " << r.note << " |\n";
+  }
+  auto find = [&](const std::string& name) -> const Row* {
+    for (const auto& r : rows)
+      if (r.name == name) return &r;
+    return nullptr;
+  };
+  const Row* fp32 = find("train fp32");
+  const Row* ckpt = find("train fp32 + checkpointing");
+  const Row* bf16 = find("train bf16 compute");
+  const Row* sc = find("sample 10 steps, KV cache");
+  const Row* sf = find("sample 10 steps, recompute");
+  const double ckpt_ratio = ckpt->t.median_ms / fp32->t.median_ms;
+  const double speedup = sf->t.median_ms / sc->t.median_ms;
+  std::cout << "\n## Summary\n\n| metric | value | target |\n|---|---|---|\n"
+            << "| training step / GEMM rate | " << fmt("%.1f", 100 * fp32->ratio()) << " % | ≥ 40 % |\n"
+            << "| checkpointing step time ratio | " << fmt("%.2f", ckpt_ratio) << "× | ≈ 1.33× (one extra forward) |\n";
+  if (bf16) std::cout << "| bf16 / fp32 step time | " << fmt("%.2f", bf16->t.median_ms / fp32->t.median_ms) << "× | report |\n";
+  std::cout << "| training step / GEMM rate, best iteration | " << fmt("%.1f", 100 * fp32->best_ratio()) << " % | ≥ 40 % |\n";
+  std::cout << "| KV-cache sampling speedup | " << fmt("%.2f", speedup) << "× | ≥ 3× |\n";
+
+  if (!args.json.empty()) {
+    nlohmann::json j;
+    j["config"] = args.config;
+    j["threads"] = at::get_num_threads();
+    j["openmp_threads"] = threads.openmp;
+    j["blas_threads"] = threads.blas;
+    j["batch"] = batch;
+    j["cameras"] = cams;
+    for (const auto& g : gemms) j["gemm"].push_back({{"name", g.name}, {"m", g.m}, {"k", g.k}, {"n", g.n}, {"gflops", g.gflops}});
+    j["gemm_reference_gflops"] = gemm_rate;
+    j["flops"] = {{"forward", fwd.total()},        {"vision", fwd.vision},
+                  {"projector", fwd.projector},    {"prefix_linear", fwd.prefix_linear},
+                  {"suffix_linear", fwd.suffix_linear}, {"attention", fwd.attention},
+                  {"action_io", fwd.action_io},    {"training_step", train_flops},
+                  {"sampling_kv_cache", sample_cache}, {"sampling_recompute", sample_full}};
+    for (const auto& r : rows)
+      j["cases"].push_back({{"name", r.name}, {"batch", r.batch}, {"iters", r.t.n}, {"median_ms", r.t.median_ms},
+                            {"best_ms", r.t.best_ms}, {"samples_per_s", r.batch * 1000.0 / r.t.median_ms},
+                            {"gflops", r.gflops()}, {"gemm_gflops", r.gemm_gflops},
+                            {"ratio_to_gemm", r.ratio()}, {"best_ratio_to_gemm", r.best_ratio()}, {"note", r.note}});
+    j["summary"] = {{"train_ratio_to_gemm", fp32->ratio()}, {"checkpointing_time_ratio", ckpt_ratio},
+                    {"kv_cache_speedup", speedup}};
+    if (bf16) j["summary"]["bf16_time_ratio"] = bf16->t.median_ms / fp32->t.median_ms;
+    std::ofstream(args.json) << j.dump(2) << "\n";
+    std::cout << "\nwrote " << args.json << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const Args args = parse_args(argc, argv);
-    const auto threads = pi0::set_num_threads(args.threads);  // ATen, OpenMP and the BLAS alike
-    torch::manual_seed(0);
-    const auto cfg = config::load_config(args.config);
-    const auto opts = model::options_from_config(cfg.model);
-    const int64_t batch = cfg.train.batch_size, cams = args.cameras;
-    const auto dummy = model::dummy_options(opts.pi05);
-
-    std::cout << "# bench_model\n\nconfig " << args.config << " (" << (opts.pi05 ? "pi05" : "pi0") << ", prefix width "
-              << opts.paligemma.width << ", expert width " << opts.action_expert.width << ", depth "
-              << opts.paligemma.depth << ", SigLIP width " << opts.siglip.width << " depth " << opts.siglip.depth
-              << ", batch " << batch << ", cameras " << cams << ")\n" << threads.describe() << "\n";
-    const auto info = at::get_parallel_info() + at::show_config();
-    // show_config() is one long comma-separated line: print only the entries that decide GEMM speed.
-    for (const std::string key : {"ATen parallel backend", "BLAS_INFO", "USE_MKLDNN", "CPU capability usage"}) {
-      auto pos = info.find(key);
-      if (pos != std::string::npos) std::cout << "  " << info.substr(pos, info.find_first_of(",\n", pos) - pos) << "\n";
-    }
-
-    // --- GEMM rate ---------------------------------------------------------------------------------------
-    const auto& p = opts.paligemma;
-    const auto& e = opts.action_expert;
-    const int64_t tp = cams * opts.siglip.num_patches() + opts.max_token_len;
-    const int64_t ts = opts.action_horizon + (opts.pi05 ? 0 : 1);
-    std::vector<Gemm> gemms = {
-        {"square 1024", 1024, 1024, 1024},
-        {"prefix mlp up", batch * tp, p.width, p.mlp_dim},
-        {"prefix mlp down", batch * tp, p.mlp_dim, p.width},
-        {"prefix q_proj", batch * tp, p.width, p.num_heads * p.head_dim},
-        {"siglip fc1", batch * cams * opts.siglip.num_patches(), opts.siglip.width, opts.siglip.mlp_dim},
-        {"suffix mlp up", batch * ts, e.width, e.mlp_dim},
-    };
-    for (auto& g : gemms) g.gflops = gemm_gflops(g.m, g.k, g.n);
-    const double gemm_rate = gemms[0].gflops;  // the reference: square 1024³
-    std::cout << "\n## float32 GEMM (torch::matmul, best of 7 runs)\n\n| shape | M×K×N | GFLOP/s |\n|---|---|---|\n";
-    for (const auto& g : gemms)
-      std::cout << "| " << g.name << " | " << g.m << "×" << g.k << "×" << g.n << " | " << fmt("%.1f", g.gflops) << " |\n";
-
-    // --- FLOP counts --------------------------------------------------------------------------------------
-    const auto fwd = model::forward_flops(opts, batch, cams);
-    const double train_flops = static_cast<double>(model::training_step_flops(opts, batch, cams));
-    const double dummy_flops = static_cast<double>(model::training_step_flops(dummy, batch, cams));
-    const double sample_cache = static_cast<double>(model::sampling_flops(opts, 1, cams, 10, true));
-    const double sample_full = static_cast<double>(model::sampling_flops(opts, 1, cams, 10, false));
-    std::cout << "\n## FLOPs (config model, batch " << batch << ")\n\n| part | forward GFLOP |\n|---|---|\n";
-    const std::pair<const char*, int64_t> parts[] = {{"SigLIP", fwd.vision},           {"projector", fwd.projector},
-                                                     {"prefix linear", fwd.prefix_linear}, {"suffix linear", fwd.suffix_linear},
-                                                     {"joint attention", fwd.attention}, {"action io", fwd.action_io}};
-    for (const auto& [name, f] : parts) std::cout << "| " << name << " | " << fmt("%.3f", f / 1e9) << " |\n";
-    std::cout << "| **forward total** | " << fmt("%.3f", fwd.total() / 1e9) << " |\n| training step (3×) | "
-              << fmt("%.3f", train_flops / 1e9) << " |\n| sampling, 10 steps, batch 1, KV cache | "
-              << fmt("%.3f", sample_cache / 1e9) << " |\n| sampling, 10 steps, batch 1, recompute | "
-              << fmt("%.3f", sample_full / 1e9) << " |\n";
-    std::cout.flush();
-
-    // --- Training step ------------------------------------------------------------------------------------
-    std::vector<Row> rows;
-    // The CPU may be shared (compiles): the reference rate is re-measured right before each case, so that a
-    // case's ratio compares two measurements taken under the same load.
-    auto local_gemm = [] { return gemm_gflops(1024, 1024, 1024); };
-    auto add = [&](Row r) {
-      std::cerr << "  " << r.name << ": " << fmt("%.1f", r.t.median_ms) << " ms\n";
-      rows.push_back(std::move(r));
-    };
-    {
-      model::Pi0 m(dummy);
-      add({"train dummy fp32", batch, time_training(m, dummy, batch, cams, args.iters), dummy_flops, local_gemm(), ""});
-    }
-    model::Pi0 m(opts);
-    add({"train fp32", batch, time_training(m, opts, batch, cams, args.iters), train_flops, local_gemm(), ""});
-    m->set_gradient_checkpointing(true);
-    add({"train fp32 + checkpointing", batch, time_training(m, opts, batch, cams, args.iters), train_flops, local_gemm(),
-         "FLOPs counted without the recomputation"});
-    m->set_gradient_checkpointing(false);
-    if (args.bf16) {
-      m->set_compute_dtype(torch::kBFloat16);
-      add({"train bf16 compute", batch, time_training(m, opts, batch, cams, std::min(args.iters, 5)), train_flops,
-           local_gemm(), "ratio against the fp32 GEMM rate"});
-      m->set_compute_dtype(torch::kFloat32);
-    }
-
-    // --- Sampling -----------------------------------------------------------------------------------------
-    {
-      auto obs = make_observation(opts, 1, cams);
-      auto noise = torch::randn({1, opts.action_horizon, opts.action_dim});
-      for (bool cache : {true, false}) {
-        auto t = time_it([&] { m->sample_actions(obs, noise, 10, cache); }, 1, args.sample_iters);
-        add({cache ? "sample 10 steps, KV cache" : "sample 10 steps, recompute", 1, t, cache ? sample_cache : sample_full,
-             local_gemm(), ""});
-      }
-    }
-
-    // --- Component profile (optional) ---------------------------------------------------------------------
-    if (args.profile) {
-      auto obs = make_observation(opts, batch, cams);
-      auto images = obs.images.size() == 1 ? obs.images[0] : torch::cat(obs.images, 0);
-      auto& pwe = *m->paligemma_with_expert;
-      auto vis = time_it(
-          [&] {
-            m->zero_grad(true);
-            pwe.vision->forward(images, torch::kFloat32, false).sum().backward();
-          },
-          1, args.iters);
-      add({"profile: SigLIP fwd+bwd", batch, vis, 3.0 * fwd.vision, local_gemm(), ""});
-      auto prefix = m->embed_prefix(obs);
-      auto x_t = torch::randn({batch, opts.action_horizon, opts.action_dim});
-      auto time = torch::rand({batch}) * 0.999 + 0.001;
-      auto pre_embs = prefix.embs.detach().requires_grad_(true);
-      auto gem = time_it(
-          [&] {
-            m->zero_grad(true);
-            auto suffix = m->embed_suffix(obs.state, x_t, time);
-            auto pad = torch::cat({prefix.pad_mask, suffix.pad_mask}, 1);
-            auto ar = torch::cat({prefix.ar_mask, suffix.ar_mask}, 0);
-            auto out = pwe.forward(pre_embs, suffix.embs, nn::make_attn_mask(pad, ar), nn::positions_from_mask(pad),
-                                   suffix.cond, nullptr, nullptr, false);
-            (out.prefix.sum() + out.suffix.sum()).backward();
-          },
-          1, args.iters);
-      add({"profile: joint Gemma fwd+bwd", batch, gem,
-           3.0 * (fwd.prefix_linear + fwd.suffix_linear + fwd.attention + fwd.action_io), local_gemm(), ""});
-    }
-
-    std::cout << "\n## Timings (median of N after warm-up; GEMM = 1024³ rate re-measured before each case)\n\n"
-              << "| case | batch | N | median ms | best ms | samples/s | GFLOP/s | GEMM GFLOP/s | % of GEMM | % (best) | note |\n"
-              << "|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for (const auto& r : rows) {
-      std::cout << "| " << r.name << " | " << r.batch << " | " << r.t.n << " | " << fmt("%.1f", r.t.median_ms) << " | "
-                << fmt("%.1f", r.t.best_ms) << " | " << fmt("%.2f", r.batch * 1000.0 / r.t.median_ms) << " | "
-                << fmt("%.1f", r.gflops()) << " | " << fmt("%.1f", r.gemm_gflops) << " | " << fmt("%.1f", 100.0 * r.ratio())
-                << " | " << fmt("%.1f", 100.0 * r.best_ratio()) << " | " << r.note << " |\n";
-    }
-    auto find = [&](const std::string& name) -> const Row* {
-      for (const auto& r : rows)
-        if (r.name == name) return &r;
-      return nullptr;
-    };
-    const Row* fp32 = find("train fp32");
-    const Row* ckpt = find("train fp32 + checkpointing");
-    const Row* bf16 = find("train bf16 compute");
-    const Row* sc = find("sample 10 steps, KV cache");
-    const Row* sf = find("sample 10 steps, recompute");
-    const double ckpt_ratio = ckpt->t.median_ms / fp32->t.median_ms;
-    const double speedup = sf->t.median_ms / sc->t.median_ms;
-    std::cout << "\n## Summary\n\n| metric | value | target |\n|---|---|---|\n"
-              << "| training step / GEMM rate | " << fmt("%.1f", 100 * fp32->ratio()) << " % | ≥ 40 % |\n"
-              << "| checkpointing step time ratio | " << fmt("%.2f", ckpt_ratio) << "× | ≈ 1.33× (one extra forward) |\n";
-    if (bf16) std::cout << "| bf16 / fp32 step time | " << fmt("%.2f", bf16->t.median_ms / fp32->t.median_ms) << "× | report |\n";
-    std::cout << "| training step / GEMM rate, best iteration | " << fmt("%.1f", 100 * fp32->best_ratio()) << " % | ≥ 40 % |\n";
-    std::cout << "| KV-cache sampling speedup | " << fmt("%.2f", speedup) << "× | ≥ 3× |\n";
-
-    if (!args.json.empty()) {
-      nlohmann::json j;
-      j["config"] = args.config;
-      j["threads"] = at::get_num_threads();
-      j["openmp_threads"] = threads.openmp;
-      j["blas_threads"] = threads.blas;
-      j["batch"] = batch;
-      j["cameras"] = cams;
-      for (const auto& g : gemms) j["gemm"].push_back({{"name", g.name}, {"m", g.m}, {"k", g.k}, {"n", g.n}, {"gflops", g.gflops}});
-      j["gemm_reference_gflops"] = gemm_rate;
-      j["flops"] = {{"forward", fwd.total()},        {"vision", fwd.vision},
-                    {"projector", fwd.projector},    {"prefix_linear", fwd.prefix_linear},
-                    {"suffix_linear", fwd.suffix_linear}, {"attention", fwd.attention},
-                    {"action_io", fwd.action_io},    {"training_step", train_flops},
-                    {"sampling_kv_cache", sample_cache}, {"sampling_recompute", sample_full}};
-      for (const auto& r : rows)
-        j["cases"].push_back({{"name", r.name}, {"batch", r.batch}, {"iters", r.t.n}, {"median_ms", r.t.median_ms},
-                              {"best_ms", r.t.best_ms}, {"samples_per_s", r.batch * 1000.0 / r.t.median_ms},
-                              {"gflops", r.gflops()}, {"gemm_gflops", r.gemm_gflops},
-                              {"ratio_to_gemm", r.ratio()}, {"best_ratio_to_gemm", r.best_ratio()}, {"note", r.note}});
-      j["summary"] = {{"train_ratio_to_gemm", fp32->ratio()}, {"checkpointing_time_ratio", ckpt_ratio},
-                      {"kv_cache_speedup", speedup}};
-      if (bf16) j["summary"]["bf16_time_ratio"] = bf16->t.median_ms / fp32->t.median_ms;
-      std::ofstream(args.json) << j.dump(2) << "\n";
-      std::cout << "\nwrote " << args.json << "\n";
-    }
-    return 0;
-  } catch (const UserError& e) {
-    std::cerr << "bench_model: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "bench_model: " << e.what() << "\n";
-    return 1;
-  }
+  return app::run_app("bench_model", [&] {
+    const auto args = parse_args(argc, argv);
+    return args ? run(*args) : 0;
+  });
 }

@@ -36,9 +36,11 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "pi0/app/cli.h"
 #include "pi0/common/check.h"
 #include "pi0/io/safetensors.h"
 
@@ -57,32 +59,23 @@ struct Args {
   std::string load_only;  // child mode: read | pread_fresh | get_copy | read_into | read_into_prefaulted
 };
 
-Args parse_args(int argc, char** argv) {
+// Flags through the shared command-line layer (--help lists them); std::nullopt when --help/--version answered.
+std::optional<Args> parse_args(int argc, char** argv) {
   Args args;
   args.path = "/tmp/pi0_bench_" + std::to_string(::getpid()) + ".safetensors";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw pi0::UserError(a + ": missing value");
-      return argv[++i];
-    };
-    if (a == "--size-gb") {
-      args.size_gb = std::stod(value());
-    } else if (a == "--path") {
-      args.path = value();
-    } else if (a == "--repeat") {
-      args.repeat = std::max(1, std::stoi(value()));
-    } else if (a == "--keep") {
-      args.keep = true;
-    } else if (a == "--cold") {
-      args.cold = true;
-    } else if (a == "--load-only") {
-      args.load_only = value();
-    } else {
-      throw pi0::UserError("unknown argument '" + a +
-                           "'; expected --size-gb GB, --path FILE, --repeat N, --keep, --cold (or --load-only MODE)");
-    }
-  }
+  auto cli = pi0::app::make_parser("bench_safetensors_load",
+                                   "Loading a checkpoint-sized safetensors file against a plain sequential read() of "
+                                   "it (--cold: against the disk, page cache evicted).");
+  cli->add_option("--size-gb", args.size_gb, "file size in GB, > 0");
+  cli->add_option("--path", args.path, "the generated file (default /tmp/pi0_bench_<pid>.safetensors)")
+      ->check(pi0::app::non_empty());
+  cli->add_option("--repeat", args.repeat, "runs per path (best, or with --cold the median)")
+      ->check(pi0::app::int_in(1));
+  cli->add_flag("--keep", args.keep, "keep the generated file afterwards");
+  cli->add_flag("--cold", args.cold, "measure against the disk: float32 file, pages evicted before each read");
+  // One measurement in a fresh process (the parent runs this binary with it).
+  cli->add_option("--load-only", args.load_only, "internal: run one path in this process")->group("");
+  if (pi0::app::parse(*cli, argc, argv)) return std::nullopt;
   if (args.size_gb <= 0) throw pi0::UserError("--size-gb must be > 0 (got " + std::to_string(args.size_gb) + ")");
   return args;
 }
@@ -507,12 +500,10 @@ int run_parent(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    const Args args = parse_args(argc, argv);
-    if (!args.load_only.empty()) return run_child(args);
-    return args.cold ? run_cold_parent(args) : run_parent(args);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_safetensors_load: %s\n", e.what());
-    return 1;
-  }
+  return pi0::app::run_app("bench_safetensors_load", [&] {
+    const auto args = parse_args(argc, argv);
+    if (!args) return 0;
+    if (!args->load_only.empty()) return run_child(*args);
+    return args->cold ? run_cold_parent(*args) : run_parent(*args);
+  });
 }

@@ -19,6 +19,7 @@
 #include "pi0/common/shape_str.h"
 #include "pi0/common/threads.h"
 #include "pi0/data/tokenizer.h"
+#include "pi0/infer/inference.h"
 #include "pi0/io/bundle.h"
 #include "pi0/io/safetensors.h"
 
@@ -82,12 +83,11 @@ int infer_main(int argc, char** argv) {
                dtype ? " (--dtype)" : " (the bundle's precision; --dtype f32 to change)");
   std::unique_ptr<pi0::data::Tokenizer> tokenizer;
   if (args.prompt) tokenizer = std::make_unique<pi0::data::Tokenizer>(bundle.tokenizer_path);
-  auto inputs = pi0::io::make_inference_inputs(bundle, obs_tensors, args.obs, args.prompt, tokenizer.get());
+  const auto inputs = pi0::infer::make_inputs(bundle, obs_tensors, args.obs, args.prompt, tokenizer.get());
   const auto& mo = bundle.model->options();
   const int64_t B = inputs.observation.batch_size();
   const std::vector<int64_t> bha = {B, mo.action_horizon, mo.action_dim};
   const std::string bha_legend = "[B,H,A]";
-  auto obs = inputs.observation.to(device);
 
   if (args.loss) {
     if (!args.noise.empty()) throw pi0::UserError("--noise: not used with --loss (the obs file holds 'noise')");
@@ -95,7 +95,8 @@ int infer_main(int argc, char** argv) {
     auto noise = float_of_shape(obs_tensors, "noise", args.obs, bha, bha_legend);
     auto time = float_of_shape(obs_tensors, "time", args.obs, {B}, "[B]");
     torch::NoGradGuard no_grad;
-    auto loss = bundle.model->compute_loss(obs, actions.to(device), noise.to(device), time.to(device));
+    auto loss = bundle.model->compute_loss(inputs.observation.to(device), actions.to(device), noise.to(device),
+                                           time.to(device));
     pi0::io::save_safetensors(args.out, {{"loss", loss.to(torch::kCPU, torch::kFloat32)}});
     std::cout << "loss (mean over " << loss.numel() << " elements): " << loss.mean().item<double>() << "\n"
               << "wrote " << args.out << "\n";
@@ -111,12 +112,11 @@ int infer_main(int argc, char** argv) {
   } else if (obs_tensors.count("noise")) {
     noise = float_of_shape(obs_tensors, "noise", args.obs, bha, bha_legend);
   }
-  if (noise) noise = noise->to(device);
   bundle.model->set_cuda_graph(args.cuda_graph == "on" && device.is_cuda());
   pi0::model::SampleTiming timing;
-  auto actions = bundle.model->sample_actions(obs, noise, args.num_steps, /*use_kv_cache=*/true, &timing);
-  actions = actions.to(torch::kCPU, torch::kFloat32).contiguous();
-  auto robot = pi0::io::robot_actions(bundle, actions, inputs.raw_state);
+  const auto predicted = pi0::infer::predict(bundle, inputs, noise, args.num_steps, &timing);
+  const auto& actions = predicted.actions;
+  const auto& robot = predicted.robot_actions;
   std::printf("prefix pass: %.3f ms\n", timing.prefix_ms);
   for (size_t i = 0; i < timing.step_ms.size(); ++i)
     std::printf("denoise step %zu/%zu: %.3f ms\n", i + 1, timing.step_ms.size(), timing.step_ms[i]);

@@ -5,8 +5,6 @@
 // size and rendezvous come from the environment (see docs/distributed.md).
 // Exit codes: 0 done (or stopped by SIGINT/SIGTERM: after saving, or before the first step with nothing to save),
 // 2 bad input, 3 training diverged or out of memory, 1 internal, 4 distributed failure (a peer rank died or hung, rendezvous failed).
-#include <algorithm>
-#include <cstdio>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -22,7 +20,6 @@
 #include "pi0/config/config.h"
 #include "pi0/distributed/dist_env.h"
 #include "pi0/distributed/process_group.h"
-#include "pi0/train/freeze.h"
 #include "pi0/train/memory_plan.h"
 #include "pi0/train/sample_dump.h"
 #include "pi0/train/signals.h"
@@ -57,54 +54,8 @@ int print_params(const pi0::config::Config& cfg, const Args& args) {
   // a torchrun/srun job reports that job's per-rank figures), else a single process.
   const int64_t world_size =
       args.world_size > 0 ? args.world_size : pi0::distributed::dist_env_from_environment().world_size;
-  const auto plan = pi0::train::plan_memory(cfg, world_size);
-  const auto rank = pi0::train::plan_rank_memory(cfg, world_size);
-  const auto& b = plan.params;
-  // A model built from scratch draws its random initialization in float32 before converting what is stored
-  // narrower: that transient is the start-up peak. Weights from a file are created in their storage dtype.
-  const bool from_file = !cfg.checkpoint.init_weights.empty() || args.resume;
-  const int64_t startup_peak = from_file ? 0 : b.total.total * 4;  // before the optimizer state exists
-  const int64_t training_peak = rank.peak_bytes(plan.activations);  // = plan.peak_bytes() at world size 1
-  const int64_t peak = std::max(startup_peak, training_peak);
-  const int64_t beyond_tensors = plan.runtime_bytes + plan.allocator_slack_bytes;
-  if (args.json) {
-    auto j = pi0::train::breakdown_json(b);
-    j["startup_peak_bytes"] = std::max(startup_peak, b.total.memory_bytes() - b.total.grad_bytes);
-    j["micro_batch"] = plan.micro_batch;
-    j["activation_bytes"] = plan.activations.saved;
-    j["activation_transient_bytes"] = plan.activations.transient;
-    j["peak_bytes"] = peak;  // tensors only: what the allocator holds
-    j["per_rank"] = pi0::train::rank_memory_json(rank);
-    j["runtime_bytes"] = plan.runtime_bytes;
-    j["allocator_slack_bytes"] = plan.allocator_slack_bytes;
-    j["resident_peak_bytes"] = peak + beyond_tensors;  // compare with the peak RSS
-    std::cout << j.dump(2) << "\n";
-  } else {
-    auto gib = [](int64_t n) { return static_cast<double>(n) / (1ull << 30); };
-    std::cout << pi0::train::format_breakdown(b);
-    if (world_size > 1) std::cout << pi0::train::format_rank_memory(rank);
-    std::printf("activations (micro-batch %lld, %lld cameras, %s, gradient checkpointing %s): %.2f GiB kept "
-                "for backward + %.2f GiB transient\n",
-                static_cast<long long>(plan.micro_batch), static_cast<long long>(plan.num_cameras),
-                cfg.train.precision.c_str(), cfg.train.gradient_checkpointing ? "on" : "off",
-                gib(plan.activations.saved), gib(plan.activations.transient));
-    if (cfg.train.device.rfind("cuda", 0) == 0) {
-      // Tensors live on the GPU there; the host-side runtime and glibc slack terms were calibrated on CPU runs.
-      std::printf("predicted training peak%s: %.2f GiB of tensors on the GPU (+ the CUDA context and the caching "
-                  "allocator's reserve)\n", world_size > 1 ? " per rank" : "", gib(training_peak));
-    } else {
-      std::printf("predicted training peak%s: %.2f GiB of tensors; resident (peak RSS) %.2f GiB with the process "
-                  "runtime (%.2f GiB: libraries, threads, data loader) and the allocator's slack (%.2f GiB, one "
-                  "activation working set: calibrated at batch 1)\n",
-                  world_size > 1 ? " per rank" : "", gib(training_peak), gib(training_peak + beyond_tensors),
-                  gib(plan.runtime_bytes), gib(plan.allocator_slack_bytes));
-    }
-    if (startup_peak > training_peak) {
-      std::printf("start-up peak: %.2f GiB of tensors, %.2f GiB resident (random initialization in float32; set "
-                  "checkpoint.init_weights to build directly in the storage dtypes)\n",
-                  gib(startup_peak), gib(startup_peak + beyond_tensors));
-    }
-  }
+  if (args.json) std::cout << pi0::train::memory_report_json(cfg, world_size, args.resume).dump(2) << "\n";
+  else std::cout << pi0::train::format_memory_report(cfg, world_size, args.resume);
   return 0;
 }
 

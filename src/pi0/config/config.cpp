@@ -210,11 +210,19 @@ void parse(const YAML::Node& n, std::vector<T>& out, const std::string& src, con
   }
 }
 
+// The keys of a model part's explicit dimensions that must be given: every key of its visit() but LoRA's.
+struct RequiredKeys {
+  std::vector<std::string> keys;
+  template <class T>
+  void operator()(const char* key, const T&, const char*) {
+    if (std::string(key).rfind("lora_", 0) != 0) keys.emplace_back(key);
+  }
+};
+
 // A model part: a variant name (scalar) or a map of dimensions, read with the same strict reader (unknown keys
 // rejected with a did-you-mean); every dimension except LoRA's must be given.
 template <class Spec>
-void parse_spec(const YAML::Node& n, Spec& out, const std::string& src, const std::string& key,
-                const std::vector<std::string>& required) {
+void parse_spec(const YAML::Node& n, Spec& out, const std::string& src, const std::string& key) {
   if (n.IsScalar()) {
     out = Spec(scalar_as<std::string>(n, src, key, "a variant name or a map of dimensions"));
     return;
@@ -223,19 +231,21 @@ void parse_spec(const YAML::Node& n, Spec& out, const std::string& src, const st
   Spec s;
   s.variant.clear();
   Reader::read_struct(n, s, key + ".", src);
+  RequiredKeys required;
+  s.visit(required);
   std::string all;
-  for (const auto& r : required) all += (all.empty() ? "" : ", ") + r;
-  for (const auto& r : required) {
+  for (const auto& r : required.keys) all += (all.empty() ? "" : ", ") + r;
+  for (const auto& r : required.keys) {
     if (!n[r]) throw UserError(src + ": " + key + "." + r + " is missing (explicit dimensions need all of " + all + ")");
   }
   out = s;
 }
 
 void parse(const YAML::Node& n, GemmaSpec& out, const std::string& src, const std::string& key) {
-  parse_spec(n, out, src, key, {"width", "depth", "mlp_dim", "num_heads", "num_kv_heads", "head_dim"});
+  parse_spec(n, out, src, key);
 }
 void parse(const YAML::Node& n, SiglipSpec& out, const std::string& src, const std::string& key) {
-  parse_spec(n, out, src, key, {"width", "depth", "mlp_dim", "num_heads", "patch_size"});
+  parse_spec(n, out, src, key);
 }
 
 // Writes fields back to YAML.

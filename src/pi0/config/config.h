@@ -12,21 +12,16 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "pi0/config/model_dims.h"
+
 namespace pi0::config {
 
 /// A Gemma expert in model.paligemma_variant / model.action_expert_variant: either a named variant (YAML scalar,
 /// e.g. `gemma_300m`) or explicit dimensions (YAML map, e.g. `{width: 40, depth: 4, mlp_dim: 88, num_heads: 8,
-/// num_kv_heads: 1, head_dim: 16}`) for experts that are no named variant.
-struct GemmaSpec {
-  std::string variant;       // named variant; empty when the dimensions below are explicit
-  int64_t width = 0;         // model width, e.g. 1024
-  int64_t depth = 0;         // layers, e.g. 18
-  int64_t mlp_dim = 0;       // GeGLU hidden width, e.g. 4096
-  int64_t num_heads = 0;     // query heads, e.g. 8
-  int64_t num_kv_heads = 0;  // key/value heads, e.g. 1
-  int64_t head_dim = 0;      // e.g. 256
-  int64_t lora_rank = 0;     // > 0: LoRA on the attention and MLP projections
-  double lora_alpha = 0.0;   // LoRA scaling = lora_alpha / lora_rank
+/// num_kv_heads: 1, head_dim: 16}`) for experts that are no named variant. The dimensions and their keys:
+/// GemmaDims (model_dims.h).
+struct GemmaSpec : GemmaDims {
+  std::string variant;  // named variant; empty when the dimensions are explicit
 
   GemmaSpec() = default;
   GemmaSpec(const char* name) : variant(name) {}  // NOLINT: a name reads naturally as a spec
@@ -34,44 +29,18 @@ struct GemmaSpec {
   bool is_named() const { return !variant.empty(); }
   /// The variant name, or the dimensions as "{width: 40, depth: 4, ...}" (for messages).
   std::string describe() const;
-
-  template <class V>
-  void visit(V& v) {
-    v("width", width, "model width");
-    v("depth", depth, "number of layers");
-    v("mlp_dim", mlp_dim, "GeGLU hidden width");
-    v("num_heads", num_heads, "query heads");
-    v("num_kv_heads", num_kv_heads, "key/value heads");
-    v("head_dim", head_dim, "dimension of one head");
-    v("lora_rank", lora_rank, "LoRA rank (0 = no LoRA)");
-    v("lora_alpha", lora_alpha, "LoRA alpha");
-  }
 };
 
 /// The SigLIP tower in model.siglip_variant: a named variant (`So400m/14`) or explicit dimensions
-/// (`{width: 48, depth: 2, mlp_dim: 96, num_heads: 4, patch_size: 14}`).
-struct SiglipSpec {
-  std::string variant;      // named variant; empty when the dimensions below are explicit
-  int64_t width = 0;        // e.g. 1152
-  int64_t depth = 0;        // e.g. 27
-  int64_t mlp_dim = 0;      // e.g. 4304
-  int64_t num_heads = 0;    // e.g. 16 (width must be a multiple)
-  int64_t patch_size = 0;   // e.g. 14
+/// (`{width: 48, depth: 2, mlp_dim: 96, num_heads: 4, patch_size: 14}`; SiglipDims, model_dims.h).
+struct SiglipSpec : SiglipDims {
+  std::string variant;  // named variant; empty when the dimensions are explicit
 
   SiglipSpec() = default;
   SiglipSpec(const char* name) : variant(name) {}  // NOLINT
   SiglipSpec(std::string name) : variant(std::move(name)) {}  // NOLINT
   bool is_named() const { return !variant.empty(); }
   std::string describe() const;
-
-  template <class V>
-  void visit(V& v) {
-    v("width", width, "model width");
-    v("depth", depth, "number of layers");
-    v("mlp_dim", mlp_dim, "MLP hidden width");
-    v("num_heads", num_heads, "attention heads");
-    v("patch_size", patch_size, "square patch side in pixels");
-  }
 };
 
 struct ModelConfig {
@@ -101,15 +70,39 @@ struct ModelConfig {
   }
 };
 
+/// data.dataset: what to read. Also the first part of data::DatasetOptions, which extends it (data/dataset.h:
+/// empty fields take the per-format defaults of DatasetOptions::resolved()).
 struct DatasetConfig {
-  std::string format = "libero";             // libero | aloha
-  std::vector<std::string> paths;            // files or globs
-  std::map<std::string, std::string> cameras;  // model slot → dataset image key; empty = format default
-  std::vector<std::string> state_keys;       // empty = format default
-  std::string action_key;                    // empty = format default
-  std::string prompt;                        // empty = from the file's attributes
-  std::string adapt_to_pi = "auto";          // auto | true | false; auto = true for aloha, false for libero
-  std::string flip_images = "auto";          // auto | true | false; auto = true for libero, false otherwise
+  /// "libero" (LIBERO / robomimic: data/demo_N/...), "aloha" (one episode per file) or "lerobot" (LeRobot dataset
+  /// roots, v2.0/v2.1/v3.0; keys are LeRobot feature names).
+  std::string format = "libero";
+  /// Files, directories (every *.hdf5 / *.h5 inside) or glob patterns, e.g. "/data/libero_goal/*_demo.hdf5".
+  /// lerobot: dataset root folders (holding meta/info.json), combined in order.
+  std::vector<std::string> paths;
+  /// Model camera slot (base_0_rgb, left_wrist_0_rgb, right_wrist_0_rgb) -> dataset image key.
+  /// Defaults: libero {base_0_rgb: agentview_rgb, left_wrist_0_rgb: eye_in_hand_rgb};
+  ///           aloha  {base_0_rgb: cam_high, left_wrist_0_rgb: cam_left_wrist, right_wrist_0_rgb: cam_right_wrist};
+  ///           lerobot: openpi's LIBERO {base_0_rgb: image, left_wrist_0_rgb: wrist_image} or ALOHA
+  ///           observation.images.{cam_high, cam_left_wrist, cam_right_wrist}, chosen from the dataset's features.
+  /// Slots without a key (or whose key is absent from a file) get zero images and mask false.
+  std::map<std::string, std::string> cameras;
+  /// Low-dim keys concatenated into the state vector. Defaults: libero [ee_states, gripper_states] (8-d: eef pos,
+  /// axis-angle, 2 finger joints, as openpi's LIBERO client); aloha [qpos] (14-d); lerobot [state] (openpi LIBERO)
+  /// or [observation.state].
+  std::vector<std::string> state_keys;
+  /// Action key. Defaults: libero "actions" (7-d), aloha "action" (14-d), lerobot "actions" or "action".
+  std::string action_key;
+  /// Fixed prompt for every sample. Empty: libero reads data.attrs["problem_info"]["language_instruction"]
+  /// (falling back to the file name); aloha files store no language, so aloha requires it; lerobot uses the frame's
+  /// task (task_index → meta/tasks), as openpi's prompt_from_task.
+  std::string prompt;
+  /// openpi's adapt_to_pi (data/aloha.h): state and actions converted to pi0's joint and gripper convention on
+  /// read, so everything downstream (delta actions, norm stats, training) sees them. "auto": true for aloha and
+  /// ALOHA-like LeRobot datasets, false otherwise; "true" | "false".
+  std::string adapt_to_pi = "auto";
+  /// Rotate frames 180° on read. "auto": true for libero HDF5 (its frames are stored upside down and openpi
+  /// trained on rotated ones), false for aloha and lerobot; "true" | "false".
+  std::string flip_images = "auto";
 
   /// adapt_to_pi resolved against the format (auto → format == "aloha").
   bool adapt_to_pi_enabled() const { return adapt_to_pi == "auto" ? format == "aloha" : adapt_to_pi == "true"; }

@@ -12,14 +12,7 @@ DatasetOptions dataset_options(const config::Config& cfg) {
   const auto& d = cfg.data.dataset;
   if (d.paths.empty()) throw UserError("data.dataset.paths is empty: name the HDF5 files or globs to train on");
   DatasetOptions o;
-  o.format = d.format;
-  o.paths = d.paths;
-  o.cameras = d.cameras;
-  o.state_keys = d.state_keys;
-  o.action_key = d.action_key;
-  o.prompt = d.prompt;
-  o.adapt_to_pi = d.adapt_to_pi;
-  o.flip_images = d.flip_images;
+  static_cast<config::DatasetConfig&>(o) = d;  // the section is DatasetOptions' own first part
   o.action_horizon = cfg.model.action_horizon;
   return o;
 }

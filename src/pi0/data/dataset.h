@@ -17,45 +17,20 @@
 
 #include <torch/torch.h>
 
+#include "pi0/config/config.h"
+
 namespace pi0::data {
 
 class H5File;
 class LeRobotSource;
 
-/// What to read and how. Empty fields take the per-format defaults (see DatasetOptions::resolved()).
-struct DatasetOptions {
-  /// "libero" (LIBERO / robomimic: data/demo_N/...), "aloha" (one episode per file) or "lerobot" (LeRobot dataset
-  /// roots, v2.0/v2.1/v3.0; keys are LeRobot feature names).
-  std::string format = "libero";
-  /// Files, directories (every *.hdf5 / *.h5 inside) or glob patterns, e.g. "/data/libero_goal/*_demo.hdf5".
-  /// lerobot: dataset root folders (holding meta/info.json), combined in order.
-  std::vector<std::string> paths;
-  /// Model camera slot (base_0_rgb, left_wrist_0_rgb, right_wrist_0_rgb) -> dataset image key.
-  /// Defaults: libero {base_0_rgb: agentview_rgb, left_wrist_0_rgb: eye_in_hand_rgb};
-  ///           aloha  {base_0_rgb: cam_high, left_wrist_0_rgb: cam_left_wrist, right_wrist_0_rgb: cam_right_wrist};
-  ///           lerobot: openpi's LIBERO {base_0_rgb: image, left_wrist_0_rgb: wrist_image} or ALOHA
-  ///           observation.images.{cam_high, cam_left_wrist, cam_right_wrist}, chosen from the dataset's features.
-  /// Slots without a key (or whose key is absent from a file) get zero images and mask false.
-  std::map<std::string, std::string> cameras;
-  /// Low-dim keys concatenated into the state vector. Defaults: libero [ee_states, gripper_states] (8-d: eef pos,
-  /// axis-angle, 2 finger joints, as openpi's LIBERO client); aloha [qpos] (14-d); lerobot [state] (openpi LIBERO)
-  /// or [observation.state].
-  std::vector<std::string> state_keys;
-  /// Action key. Defaults: libero "actions" (7-d), aloha "action" (14-d), lerobot "actions" or "action".
-  std::string action_key;
-  /// Fixed prompt for every sample. Empty: libero reads data.attrs["problem_info"]["language_instruction"]
-  /// (falling back to the file name); aloha files store no language, so aloha requires it; lerobot uses the frame's
-  /// task (task_index → meta/tasks), as openpi's prompt_from_task.
-  std::string prompt;
-  /// H: length of the action chunk per sample (50 for the released pi0 models, 10 for pi05_libero).
+/// What to read and how: the config's data.dataset section (config::DatasetConfig: format, paths, cameras,
+/// state_keys, action_key, prompt, adapt_to_pi, flip_images, each documented there) plus what does not come from
+/// that section. Empty fields take the per-format defaults (see resolved()).
+struct DatasetOptions : config::DatasetConfig {
+  /// H: length of the action chunk per sample (model.action_horizon: 50 for the released pi0 models, 10 for
+  /// pi05_libero).
   int64_t action_horizon = 50;
-  /// Rotate frames 180° on read. Default ("auto"): true for libero (its frames are stored upside down and openpi
-  /// trained on rotated ones), false for aloha.
-  std::string flip_images = "auto";
-  /// openpi's adapt_to_pi (data/aloha.h): state and actions converted to pi0's joint and gripper convention on
-  /// read, so everything downstream (delta actions, norm stats, training) sees them. Default ("auto"): true for
-  /// aloha and ALOHA-like LeRobot datasets, false otherwise.
-  std::string adapt_to_pi = "auto";
   /// Keep only the first N episodes (0 = all); for quick experiments.
   int64_t max_episodes = 0;
 

@@ -162,7 +162,7 @@ InferenceInputs read_observation(const std::map<std::string, torch::Tensor>& ten
   if (prompt) {
     if (tokens.defined())
       throw UserError(source + ": holds 'tokenized_prompt' and --prompt was given; expected one of the two");
-    PI0_CHECK(tokenizer != nullptr, "make_inference_inputs: --prompt needs a tokenizer");
+    PI0_CHECK(tokenizer != nullptr, "read_observation: --prompt needs a tokenizer");
     const bool discrete_state = t.model_type == "pi05" && t.discrete_state_input;
     std::vector<torch::Tensor> tok, msk;
     for (int64_t b = 0; b < B; ++b) {

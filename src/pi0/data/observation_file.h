@@ -20,7 +20,7 @@ namespace pi0::data {
 
 class Tokenizer;
 
-/// What the model expects of an observation (from an inference bundle: io::make_inference_inputs).
+/// What the model expects of an observation (from an inference bundle: infer::make_inputs).
 struct ObservationFormat {
   TransformOptions transform;             ///< resolved: image_size, action_dim, max_token_len, norm, model_type
   const NormStats* norm_stats = nullptr;  ///< must hold "state" unless transform.norm_mode() is kNone

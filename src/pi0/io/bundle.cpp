@@ -12,10 +12,7 @@
 #include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/common/strings.h"
-#include "pi0/data/aloha.h"
 #include "pi0/data/config_options.h"
-#include "pi0/data/observation_file.h"
-#include "pi0/data/tokenizer.h"
 #include "pi0/io/checkpoint_dir.h"
 #include "pi0/io/checkpoint_files.h"
 #include "pi0/io/manifest.h"
@@ -402,36 +399,6 @@ std::optional<torch::ScalarType> parse_compute_dtype(const std::string& v) {
   if (v == "bf16" || v == "bfloat16") return torch::kBFloat16;
   if (v == "f32" || v == "float32") return torch::kFloat32;
   throw UserError("--dtype: got '" + v + "', expected bf16, bfloat16, f32 or float32");
-}
-
-InferenceInputs make_inference_inputs(const Bundle& bundle, const std::map<std::string, torch::Tensor>& tensors,
-                                      const std::string& source, const std::optional<std::string>& prompt,
-                                      const data::Tokenizer* tokenizer) {
-  data::ObservationFormat format;
-  format.transform = bundle.transform;
-  format.norm_stats = &bundle.norm_stats;
-  format.adapt_to_pi = bundle.config.data.dataset.adapt_to_pi_enabled();
-  format.vocab_size = bundle.config.model.vocab_size;
-  return data::read_observation(tensors, format, source, prompt, tokenizer);
-}
-
-torch::Tensor robot_actions(const Bundle& bundle, const torch::Tensor& actions_BHA, const torch::Tensor& raw_state_BS) {
-  const auto& t = bundle.transform;
-  const auto mode = t.norm_mode();
-  torch::Tensor a = actions_BHA.to(torch::kCPU, torch::kFloat32);
-  if (mode != data::NormMode::kNone) {
-    const auto& stats = bundle.norm_stats.at("actions");
-    const int64_t d = std::min<int64_t>(a.size(-1), static_cast<int64_t>(stats.mean.size()));
-    a = data::unnormalize(a.narrow(-1, 0, d), stats, mode);
-  }
-  if (!t.delta_action_mask.empty()) {
-    std::vector<torch::Tensor> per;
-    for (int64_t b = 0; b < a.size(0); ++b)
-      per.push_back(data::absolute_actions(a[b], raw_state_BS[b].to(torch::kFloat32), t.delta_action_mask));
-    a = torch::stack(per);
-  }
-  if (bundle.config.data.dataset.adapt_to_pi_enabled()) a = data::aloha_actions_from_pi(a, "the model's actions");
-  return a.contiguous();
 }
 
 }  // namespace pi0::io

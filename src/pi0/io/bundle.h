@@ -6,8 +6,7 @@
 // averages (trainable parameters only) overlaid when chosen; LoRA merged into the base weights; written in openpi
 // naming at the requested dtype to a temporary sibling directory, which is then renamed into place.
 //
-// Also here: turning an observation file (openpi key names, raw robot state) into a model::Observation with the
-// same steps as the training transform (data/transforms.h), and the inverse on the model's actions.
+// Running a loaded bundle (observation → model inputs → sample_actions → robot actions) is infer/inference.h.
 #pragma once
 #include <map>
 #include <optional>
@@ -18,13 +17,8 @@
 #include "pi0/common/check.h"
 #include "pi0/config/config.h"
 #include "pi0/data/norm_stats.h"
-#include "pi0/data/observation_file.h"
 #include "pi0/data/transforms.h"
 #include "pi0/model/pi0.h"
-
-namespace pi0::data {
-class Tokenizer;
-}
 
 namespace pi0::io {
 
@@ -84,19 +78,5 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device = torch::
 
 /// The --dtype flag of pi0-infer and pi0-serve: "" → nullopt (the bundle's precision), bf16|bfloat16, f32|float32.
 std::optional<torch::ScalarType> parse_compute_dtype(const std::string& flag_value);
-
-using data::InferenceInputs;
-
-/// data::read_observation with the bundle's transform, norm stats, adapt_to_pi and vocabulary (pi0-infer's and
-/// pi0-serve's input path; see there). `source` (the file path) starts every error message.
-InferenceInputs make_inference_inputs(const Bundle& bundle, const std::map<std::string, torch::Tensor>& tensors,
-                                      const std::string& source, const std::optional<std::string>& prompt,
-                                      const data::Tokenizer* tokenizer);
-
-/// Model-space actions [B,H,A] → robot actions [B,H,D] (D = dim of the norm stats' `actions`): unnormalized with
-/// the bundle's stats and, if the model was trained on delta actions (data.delta_action_mask), made absolute
-/// again w.r.t. `raw_state` [B,S], then converted back to ALOHA's convention when the model was trained with
-/// data.dataset.adapt_to_pi (openpi's output transforms: Unnormalize, AbsoluteActions, AlohaOutputs).
-torch::Tensor robot_actions(const Bundle& bundle, const torch::Tensor& actions_BHA, const torch::Tensor& raw_state_BS);
 
 }  // namespace pi0::io

@@ -15,17 +15,17 @@ GemmaOptions gemma_variant(const std::string& name) {
               base.compare(base.size() - lora_suffix.size(), lora_suffix.size(), lora_suffix) == 0;
   if (lora) base = base.substr(0, base.size() - lora_suffix.size());
   if (base == "dummy") {
-    o = GemmaOptions{64, 4, 128, 8, 1, 16};
+    o = GemmaOptions{{64, 4, 128, 8, 1, 16}};
     if (lora) o.lora_rank = 4, o.lora_alpha = 8.0;  // not in openpi: lets tests run the LoRA path on a tiny model
   } else if (base == "small_512") {  // CPU benchmark sizes (configs/bench_cpu.yaml)
-    o = GemmaOptions{512, 6, 2048, 8, 1, 64};
+    o = GemmaOptions{{512, 6, 2048, 8, 1, 64}};
   } else if (base == "small_256") {
-    o = GemmaOptions{256, 6, 1024, 8, 1, 64};
+    o = GemmaOptions{{256, 6, 1024, 8, 1, 64}};
   } else if (base == "gemma_300m") {
-    o = GemmaOptions{1024, 18, 4096, 8, 1, 256};
+    o = GemmaOptions{{1024, 18, 4096, 8, 1, 256}};
     if (lora) o.lora_rank = 32, o.lora_alpha = 32.0;
   } else if (base == "gemma_2b") {
-    o = GemmaOptions{2048, 18, 16384, 8, 1, 256};
+    o = GemmaOptions{{2048, 18, 16384, 8, 1, 256}};
     if (lora) o.lora_rank = 16, o.lora_alpha = 16.0;
   } else {
     throw UserError("unknown Gemma variant '" + name +

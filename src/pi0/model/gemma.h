@@ -7,23 +7,19 @@
 
 #include <torch/torch.h>
 
+#include "pi0/config/model_dims.h"
 #include "pi0/nn/dense.h"
 #include "pi0/nn/embedding.h"
 #include "pi0/nn/rms_norm.h"
 
 namespace pi0::model {
 
-struct GemmaOptions {
-  int64_t width = 64;       ///< model width W, e.g. 2048 for gemma_2b
-  int64_t depth = 4;        ///< number of layers, e.g. 18
-  int64_t mlp_dim = 128;    ///< GeGLU hidden width, e.g. 16384
-  int64_t num_heads = 8;    ///< query heads N
-  int64_t num_kv_heads = 1; ///< key/value heads K (grouped-query attention; 1 = multi-query)
-  int64_t head_dim = 16;    ///< D, e.g. 256
+/// A Gemma expert: its dimensions (config::GemmaDims: width, depth, mlp_dim, num_heads, num_kv_heads, head_dim,
+/// lora_rank, lora_alpha; the same fields the config's explicit model.*_variant maps set) and what the model adds.
+/// Start from gemma_variant(): a default-constructed one has no dimensions.
+struct GemmaOptions : config::GemmaDims {
   int64_t vocab_size = 0;   ///< token embedding rows; 0 = no embedding (action expert)
   int64_t cond_dim = 0;     ///< > 0: adaptive RMSNorm driven by a [B,cond_dim] vector (pi0.5 action expert)
-  int64_t lora_rank = 0;    ///< > 0: LoRA on attention and MLP projections
-  double lora_alpha = 0.0;  ///< LoRA scaling = alpha / rank
 };
 
 /// Named variants of openpi gemma.py get_config: "dummy", "gemma_300m", "gemma_2b" (+ "_lora" suffixes), and

@@ -14,14 +14,7 @@ GemmaOptions gemma_from_spec(const std::string& key, const config::GemmaSpec& s)
     }
   }
   GemmaOptions o;
-  o.width = s.width;
-  o.depth = s.depth;
-  o.mlp_dim = s.mlp_dim;
-  o.num_heads = s.num_heads;
-  o.num_kv_heads = s.num_kv_heads;
-  o.head_dim = s.head_dim;
-  o.lora_rank = s.lora_rank;
-  o.lora_alpha = s.lora_alpha;
+  static_cast<config::GemmaDims&>(o) = s;  // the spec's dimensions are GemmaOptions' own fields
   o.vocab_size = kPaligemmaVocabSize;
   return o;
 }
@@ -35,11 +28,7 @@ SiglipOptions siglip_from_spec(const config::SiglipSpec& s) {
     }
   }
   SiglipOptions o;
-  o.width = s.width;
-  o.depth = s.depth;
-  o.mlp_dim = s.mlp_dim;
-  o.num_heads = s.num_heads;
-  o.patch_size = s.patch_size;
+  static_cast<config::SiglipDims&>(o) = s;  // likewise; image_size comes from model.image_size
   return o;
 }
 

@@ -1,4 +1,6 @@
-// Translates the `model:` config section into Pi0Options (the only place that knows both).
+// Translates the `model:` config section into Pi0Options (the only place that knows both): variant names looked up,
+// explicit dimensions taken as they are (GemmaOptions and SiglipOptions extend the config's GemmaDims and SiglipDims,
+// config/model_dims.h, so there is no field list to copy), the rest checked for joint attention.
 #pragma once
 #include "pi0/config/config.h"
 #include "pi0/model/pi0.h"

@@ -11,9 +11,9 @@
 namespace pi0::model {
 
 SiglipOptions siglip_variant(const std::string& name) {
-  if (name == "So400m/14") return SiglipOptions{1152, 27, 4304, 16, 14, 224};
-  if (name == "small/14") return SiglipOptions{256, 4, 1024, 4, 14, 224};
-  if (name == "tiny/14") return SiglipOptions{32, 2, 64, 2, 14, 224};
+  if (name == "So400m/14") return SiglipOptions{{1152, 27, 4304, 16, 14}, 224};
+  if (name == "small/14") return SiglipOptions{{256, 4, 1024, 4, 14}, 224};
+  if (name == "tiny/14") return SiglipOptions{{32, 2, 64, 2, 14}, 224};
   throw UserError("unknown SigLIP variant '" + name + "' (expected So400m/14, small/14 or tiny/14)");
 }
 

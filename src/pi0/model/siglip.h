@@ -7,17 +7,15 @@
 
 #include <torch/torch.h>
 
+#include "pi0/config/model_dims.h"
 #include "pi0/nn/dense.h"
 #include "pi0/nn/embedding.h"
 
 namespace pi0::model {
 
-struct SiglipOptions {
-  int64_t width = 1152;      ///< e.g. 1152 for So400m
-  int64_t depth = 27;
-  int64_t mlp_dim = 4304;
-  int64_t num_heads = 16;
-  int64_t patch_size = 14;
+/// A SigLIP tower: its dimensions (config::SiglipDims: width, depth, mlp_dim, num_heads, patch_size; the fields
+/// of an explicit model.siglip_variant map) and the input size. Start from siglip_variant().
+struct SiglipOptions : config::SiglipDims {
   int64_t image_size = 224;  ///< square input side; P = (image_size / patch_size)²
   int64_t num_patches() const { return (image_size / patch_size) * (image_size / patch_size); }
 };

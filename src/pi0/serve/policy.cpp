@@ -20,13 +20,8 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-torch::Device model_device(const io::Bundle& b) {
-  for (const auto& p : b.model->parameters()) return p.device();
-  return torch::kCPU;
-}
-
 // Two requests can share a sample_actions call when their per-row tensors have the same shapes.
-bool same_shapes(const io::InferenceInputs& a, const io::InferenceInputs& b) {
+bool same_shapes(const infer::InferenceInputs& a, const infer::InferenceInputs& b) {
   return a.observation.tokenized_prompt.size(1) == b.observation.tokenized_prompt.size(1) &&
          a.raw_state.size(1) == b.raw_state.size(1);
 }
@@ -54,14 +49,14 @@ std::pair<std::string, nlohmann::json> parse_metadata_flag(const std::string& as
 }
 
 struct Policy::Pending {
-  io::InferenceInputs inputs;
+  infer::InferenceInputs inputs;
   bool batched = false;
   Callback done;
   Clock::time_point start;
 };
 
 Policy::Policy(io::Bundle bundle, PolicyOptions options)
-    : bundle_(std::move(bundle)), options_(std::move(options)), device_(model_device(bundle_)) {
+    : bundle_(std::move(bundle)), options_(std::move(options)), device_(infer::model_device(bundle_)) {
   if (options_.num_steps < 1)
     throw UserError("--num-steps: got " + std::to_string(options_.num_steps) + ", expected a positive integer");
   if (options_.max_batch == 0) options_.max_batch = device_.is_cuda() ? 8 : 1;
@@ -132,7 +127,7 @@ void Policy::submit(const Fields& fields, Callback done) {
   auto p = std::make_unique<Pending>();
   p->start = Clock::now();
   ModelRequest req = to_model_request(options_.robot, fields, options_.default_prompt);
-  p->inputs = io::make_inference_inputs(bundle_, req.tensors, "observation", req.prompt, tokenizer_.get());
+  p->inputs = infer::make_inputs(bundle_, req.tensors, "observation", req.prompt, tokenizer_.get());
   p->batched = req.batched;
   p->done = std::move(done);
   {
@@ -179,8 +174,9 @@ void Policy::run_batch(std::vector<std::unique_ptr<Pending>>& batch) {
   std::vector<PolicyResult> results;
   std::exception_ptr error;
   try {
-    model::Observation obs;
-    std::vector<torch::Tensor> states;
+    // The requests' rows as one batch (same_shapes: their tensors concatenate).
+    infer::InferenceInputs inputs;
+    auto& obs = inputs.observation;
     const auto& first = batch.front()->inputs.observation;
     for (size_t slot = 0; slot < first.images.size(); ++slot) {
       std::vector<torch::Tensor> imgs, masks;
@@ -201,23 +197,21 @@ void Policy::run_batch(std::vector<std::unique_ptr<Pending>>& batch) {
     obs.state = torch::cat(state);
     obs.tokenized_prompt = torch::cat(tokens);
     obs.tokenized_prompt_mask = torch::cat(token_mask);
+    inputs.raw_state = torch::cat(raw_state);
     const int64_t rows = obs.batch_size();
     if (rows > largest_batch_) largest_batch_ = rows;
     std::optional<torch::Tensor> noise;
-    if (options_.noise.defined()) noise = options_.noise.expand({rows, -1, -1}).contiguous().to(device_);
+    if (options_.noise.defined()) noise = options_.noise.expand({rows, -1, -1}).contiguous();
 
-    const auto t0 = Clock::now();
-    auto actions = bundle_.model->sample_actions(obs.to(device_), noise, options_.num_steps);
-    actions = actions.to(torch::kCPU, torch::kFloat32);
-    const double model_ms = ms_since(t0);
-    auto robot = io::robot_actions(bundle_, actions, torch::cat(raw_state)).narrow(-1, 0, action_dims_);
+    const auto predicted = infer::predict(bundle_, inputs, noise, options_.num_steps);
+    const auto robot = predicted.robot_actions.narrow(-1, 0, action_dims_);
 
     int64_t row = 0;
     for (auto& p : batch) {
       const int64_t b = p->inputs.observation.batch_size();
       PolicyResult r;
       r.actions = p->batched ? robot.narrow(0, row, b).contiguous() : robot[row].contiguous();
-      r.model_ms = model_ms;
+      r.model_ms = predicted.model_ms;
       r.total_ms = ms_since(p->start);
       row += b;
       results.push_back(std::move(r));

@@ -1,7 +1,8 @@
 // The served policy: a loaded bundle behind a robot profile, with one model thread that runs sample_actions.
-// A request goes: frame fields → robot profile (robot_profile.h) → io::make_inference_inputs (pi0-infer's input
-// path: resize-with-pad, state normalization, prompt tokenization) on the caller's thread → queue → model thread:
-// sample_actions, io::robot_actions (unnormalize, absolute actions, ALOHA's convention) → sliced to the robot's dims.
+// A request goes: frame fields → robot profile (robot_profile.h) → infer::make_inputs (pi0-infer's input path:
+// resize-with-pad, state normalization, prompt tokenization) on the caller's thread → queue → model thread:
+// infer::predict (sample_actions, then unnormalize, absolute actions, ALOHA's convention: pi0-infer's sequence,
+// infer/inference.h) on the batch → sliced to the robot's dims.
 //
 // Batching: the model thread takes up to `max_batch` queued requests (rows) and runs them as one sample_actions
 // call. Default 1 on the CPU (a batch of B costs B times one request there, and one answer would wait for all)
@@ -22,6 +23,7 @@
 #include <torch/torch.h>
 
 #include "pi0/data/tokenizer.h"
+#include "pi0/infer/inference.h"
 #include "pi0/io/bundle.h"
 #include "pi0/serve/msgpack_numpy.h"
 #include "pi0/serve/robot_profile.h"

@@ -1,11 +1,11 @@
-// Robot profiles: a robot runtime's observation keys → the model's keys that io::make_inference_inputs reads (the
-// one input path of pi0-infer and the trainer's transforms), and the model's robot actions → the robot's dims.
+// Robot profiles: a robot runtime's observation keys → the model's keys that infer::make_inputs reads (the one
+// input path of pi0-infer and the trainer's transforms), and the model's robot actions → the robot's dims.
 // Mirrors openpi's policies (src/openpi/policies/{libero,aloha,droid}_policy.py):
 //   libero  observation/state [8], observation/image + observation/wrist_image (HWC or CHW, uint8 or float in
 //           [0,1]), prompt → base_0_rgb, left_wrist_0_rgb (right wrist absent); actions [:, :7]
 //   aloha   state [14], images/{cam_high, cam_low, cam_left_wrist, cam_right_wrist} CHW, prompt → cam_high =
 //           base, the wrists when present, cam_low dropped (openpi does the same); actions [:, :14]. The joint flips
-//           and gripper conversions (adapt_to_pi) are the bundle's: make_inference_inputs / robot_actions apply
+//           and gripper conversions (adapt_to_pi) are the bundle's: infer::make_inputs / robot_actions apply
 //           them when the model was trained with data.dataset.adapt_to_pi (on by default for ALOHA, as openpi).
 //   droid   observation/joint_position [7] + observation/gripper_position [1] (concatenated: the state),
 //           observation/exterior_image_1_left, observation/wrist_image_left, prompt; actions [:, :8]
@@ -35,7 +35,7 @@ int64_t robot_action_dims(Robot robot);
 /// State dims the profile expects (8, 14, 8); 0 for raw (any).
 int64_t robot_state_dims(Robot robot);
 
-/// What make_inference_inputs needs for one request.
+/// What infer::make_inputs needs for one request.
 struct ModelRequest {
   std::map<std::string, torch::Tensor> tensors;  ///< image/<cam> [B,H,W,3], image_mask/<cam> [B], state [B,S], ...
   std::optional<std::string> prompt;             ///< task text (tokenized with the bundle's tokenizer)

@@ -1,6 +1,7 @@
 #include "pi0/train/memory_plan.h"
 
 #include <algorithm>
+#include <cstdarg>
 #include <cstdio>
 
 #include "pi0/common/check.h"
@@ -9,6 +10,48 @@
 #include "pi0/model/model_config.h"
 
 namespace pi0::train {
+namespace {
+
+// printf into a std::string (the report's lines are longer than a fixed buffer).
+__attribute__((format(printf, 1, 2))) std::string printf_string(const char* format, ...) {
+  va_list args, again;
+  va_start(args, format);
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, format, args);
+  va_end(args);
+  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, format, again);
+  va_end(again);
+  return out;
+}
+
+double gib(int64_t n) { return static_cast<double>(n) / (1ull << 30); }
+
+// The figures both forms of the report are made of.
+struct Report {
+  MemoryPlan plan;
+  RankMemory rank;
+  int64_t startup_peak = 0;   // tensors of a model built from scratch (float32 init), before the optimizer state
+  int64_t training_peak = 0;  // the largest rank's, = plan.peak_bytes() at world size 1
+  int64_t peak = 0;           // the larger of the two
+  int64_t beyond_tensors = 0; // the runtime and the allocator's slack: resident memory that is no tensor
+};
+
+Report make_report(const config::Config& cfg, int64_t world_size, bool weights_from_file) {
+  Report r;
+  r.plan = plan_memory(cfg, world_size);
+  r.rank = plan_rank_memory(cfg, world_size);
+  // A model built from scratch draws its random initialization in float32 before converting what is stored
+  // narrower: that transient is the start-up peak. Weights from a file are created in their storage dtype.
+  const bool from_file = weights_from_file || !cfg.checkpoint.init_weights.empty();
+  r.startup_peak = from_file ? 0 : r.plan.params.total.total * 4;  // before the optimizer state exists
+  r.training_peak = r.rank.peak_bytes(r.plan.activations);
+  r.peak = std::max(r.startup_peak, r.training_peak);
+  r.beyond_tensors = r.plan.runtime_bytes + r.plan.allocator_slack_bytes;
+  return r;
+}
+
+}  // namespace
 
 ParamBreakdown planned_breakdown(const config::Config& cfg) {
   const auto layout = model::parameter_layout(model::options_from_config(cfg.model));
@@ -140,7 +183,6 @@ nlohmann::json rank_memory_json(const RankMemory& m) {
 }
 
 std::string format_rank_memory(const RankMemory& m) {
-  auto gib = [](int64_t n) { return static_cast<double>(n) / (1ull << 30); };
   const bool sharded = m.shard != "none";
   std::string out;
   char line[256];
@@ -180,6 +222,53 @@ std::string format_held_state(int64_t rank, int64_t world_size, int64_t optimize
          human_bytes(optimizer_bytes) + " of AdamW state, " + human_bytes(ema_bytes) + " of EMA and " +
          human_bytes(grad_bytes) + " of gradients (" + std::to_string(optimizer_bytes) + ", " +
          std::to_string(ema_bytes) + " and " + std::to_string(grad_bytes) + " bytes; dist.shard=" + shard + ")";
+}
+
+std::string format_memory_report(const config::Config& cfg, int64_t world_size, bool weights_from_file) {
+  const Report r = make_report(cfg, world_size, weights_from_file);
+  const auto& plan = r.plan;
+  std::string out = format_breakdown(plan.params);
+  if (world_size > 1) out += format_rank_memory(r.rank);
+  out += printf_string("activations (micro-batch %lld, %lld cameras, %s, gradient checkpointing %s): %.2f GiB kept "
+                       "for backward + %.2f GiB transient\n",
+                       static_cast<long long>(plan.micro_batch), static_cast<long long>(plan.num_cameras),
+                       cfg.train.precision.c_str(), cfg.train.gradient_checkpointing ? "on" : "off",
+                       gib(plan.activations.saved), gib(plan.activations.transient));
+  if (cfg.train.device.rfind("cuda", 0) == 0) {
+    // Tensors live on the GPU there; the host-side runtime and glibc slack terms were calibrated on CPU runs.
+    out += printf_string("predicted training peak%s: %.2f GiB of tensors on the GPU (+ the CUDA context and the "
+                         "caching allocator's reserve)\n", world_size > 1 ? " per rank" : "", gib(r.training_peak));
+  } else {
+    out += printf_string("predicted training peak%s: %.2f GiB of tensors; resident (peak RSS) %.2f GiB with the "
+                         "process runtime (%.2f GiB: libraries, threads, data loader) and the allocator's slack "
+                         "(%.2f GiB, one activation working set: calibrated at batch 1)\n",
+                         world_size > 1 ? " per rank" : "", gib(r.training_peak),
+                         gib(r.training_peak + r.beyond_tensors), gib(plan.runtime_bytes),
+                         gib(plan.allocator_slack_bytes));
+  }
+  if (r.startup_peak > r.training_peak) {
+    out += printf_string("start-up peak: %.2f GiB of tensors, %.2f GiB resident (random initialization in float32; "
+                         "set checkpoint.init_weights to build directly in the storage dtypes)\n",
+                         gib(r.startup_peak), gib(r.startup_peak + r.beyond_tensors));
+  }
+  return out;
+}
+
+nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size, bool weights_from_file) {
+  const Report r = make_report(cfg, world_size, weights_from_file);
+  const auto& plan = r.plan;
+  const auto& b = plan.params;
+  auto j = breakdown_json(b);
+  j["startup_peak_bytes"] = std::max(r.startup_peak, b.total.memory_bytes() - b.total.grad_bytes);
+  j["micro_batch"] = plan.micro_batch;
+  j["activation_bytes"] = plan.activations.saved;
+  j["activation_transient_bytes"] = plan.activations.transient;
+  j["peak_bytes"] = r.peak;  // tensors only: what the allocator holds
+  j["per_rank"] = rank_memory_json(r.rank);
+  j["runtime_bytes"] = plan.runtime_bytes;
+  j["allocator_slack_bytes"] = plan.allocator_slack_bytes;
+  j["resident_peak_bytes"] = r.peak + r.beyond_tensors;  // compare with the peak RSS
+  return j;
 }
 
 }  // namespace pi0::train

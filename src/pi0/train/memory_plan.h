@@ -1,6 +1,7 @@
 // The memory plan of pi0-train, from shapes alone (nothing allocated; `pi0-train --print-params`): the parameter
 // breakdown under the freeze preset and precision, one rank's persistent state, activations and peak
-// (MemoryPlan), and its resident peak for comparison with the peak RSS.
+// (MemoryPlan), and its resident peak for comparison with the peak RSS; and the report --print-params prints
+// (format_memory_report, memory_report_json).
 //
 // Per-rank memory of data-parallel training under dist.shard (ZeRO-1/2), planned from shapes alone so a user can
 // size a job without launching it (`pi0-train --print-params --world-size N`). The shares come from the same
@@ -116,6 +117,18 @@ nlohmann::json rank_memory_json(const RankMemory& m);
 
 /// Aligned text block, memory in GiB: one line per term, then the persistent total.
 std::string format_rank_memory(const RankMemory& m);
+
+/// The report of `pi0-train --print-params` for a job of `world_size` ranks: the parameter breakdown
+/// (format_breakdown), the per-rank shares when world_size > 1 (format_rank_memory), the activations of one
+/// micro-batch, the predicted training peak (tensors on a GPU; tensors and resident memory on the CPU) and, when it
+/// is higher, the start-up peak. `weights_from_file`: the model is built from a file (checkpoint.init_weights or
+/// --resume), so there is no float32 random initialization at start-up. Text ending in a line break.
+std::string format_memory_report(const config::Config& cfg, int64_t world_size, bool weights_from_file);
+
+/// The same report as JSON: breakdown_json plus startup_peak_bytes, micro_batch, activation_bytes,
+/// activation_transient_bytes, peak_bytes (tensors), per_rank (rank_memory_json), runtime_bytes,
+/// allocator_slack_bytes and resident_peak_bytes (compare with the peak RSS).
+nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size, bool weights_from_file);
 
 /// The log line of what one rank of a multi-process run holds, measured from its tensors: "rank 1 of 2 holds 1.18 MiB
 /// of AdamW state, 604 KiB of EMA and 1.18 MiB of gradients (1234567, 617284 and 1234567 bytes; dist.shard=gradients)".

@@ -1,6 +1,6 @@
 // ALOHA adapt_to_pi (openpi aloha_policy.py): joint flips and gripper conversions against values worked out by
-// hand from openpi's formulas, the round trip action → inverse → action, the dataset applying it by default for
-// ALOHA only (so norm stats see converted values), and pi0-infer's inverse on the model's actions.
+// hand from openpi's formulas, the round trip action → inverse → action, and the dataset applying it by default for
+// ALOHA only (so norm stats see converted values). Inference's side of it: tests/unit/infer/test_inference.cpp.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -12,7 +12,6 @@
 #include "pi0/data/dataset.h"
 #include "pi0/data/example_data.h"
 #include "pi0/data/norm_stats.h"
-#include "pi0/io/bundle.h"
 
 using namespace pi0;
 using namespace pi0::data;
@@ -95,34 +94,4 @@ TEST_CASE("the dataset applies adapt_to_pi for ALOHA by default, so norm stats s
   CHECK_FALSE(config::parse_config(YAML::Load("{}"), "run.yaml").data.dataset.adapt_to_pi_enabled());
   REQUIRE_THROWS_WITH(config::parse_config(YAML::Load("data: {dataset: {adapt_to_pi: maybe}}"), "run.yaml"),
                       Contains("data.dataset.adapt_to_pi must be auto, true or false (got 'maybe')"));
-}
-
-TEST_CASE("inference converts the observation's state to pi0's convention and the actions back", "[unit][io]") {
-  io::Bundle b;
-  b.config.data.dataset.format = "aloha";
-  b.transform.norm = "none";
-  b.transform.action_dim = 32;
-  b.transform.image_size = 14;
-  b.transform.max_token_len = 4;
-  torch::manual_seed(2);
-  const auto state = torch::rand({2, 14});
-  std::map<std::string, torch::Tensor> obs = {
-      {"state", state},
-      {"image/base_0_rgb", torch::zeros({2, 14, 14, 3}, torch::kUInt8)},
-      {"tokenized_prompt", torch::ones({2, 4}, torch::kInt32)},
-      {"tokenized_prompt_mask", torch::ones({2, 4}, torch::kBool)}};
-  const auto in = io::make_inference_inputs(b, obs, "obs.safetensors", std::nullopt, nullptr);
-  const auto expected = aloha_state_to_pi(state, "x");
-  CHECK((in.raw_state - expected).abs().max().item<double>() < 1e-7);
-  CHECK((in.observation.state.narrow(1, 0, 14) - expected).abs().max().item<double>() < 1e-7);
-  b.config.data.dataset.adapt_to_pi = "false";
-  CHECK(torch::equal(io::make_inference_inputs(b, obs, "obs.safetensors", std::nullopt, nullptr).raw_state, state));
-  b.config.data.dataset.adapt_to_pi = "auto";
-
-  torch::manual_seed(1);
-  const auto model_actions = torch::rand({2, 4, 32}) * 2 - 1;
-  const auto robot = io::robot_actions(b, model_actions, torch::zeros({2, 14}));
-  CHECK((robot - aloha_actions_from_pi(model_actions, "x")).abs().max().item<double>() < 1e-7);
-  b.config.data.dataset.adapt_to_pi = "false";
-  CHECK((io::robot_actions(b, model_actions, torch::zeros({2, 14})) - model_actions).abs().max().item<double>() == 0);
 }
