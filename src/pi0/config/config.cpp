@@ -54,6 +54,11 @@ using KeyMarks = std::map<std::string, YAML::Mark>;
 // milliseconds, before anything else walks the tree.
 constexpr size_t kMaxConfigValues = 100000;
 
+// The deepest nesting a config may have once its aliases are expanded. Real configs nest 4 levels; an alias inside
+// the node it names (`b: &b [*b]`, which yaml-cpp accepts) nests without end and overflowed the stack long before
+// kMaxConfigValues (found by fuzz/config_alias).
+constexpr size_t kMaxConfigDepth = 64;
+
 void count_value(size_t& values, const std::string& source) {
   if (++values <= kMaxConfigValues) return;
   throw UserError(source + ": more than " + std::to_string(kMaxConfigValues) + " values once its YAML aliases (*name) "
@@ -64,8 +69,12 @@ void count_value(size_t& values, const std::string& source) {
 // first, so a second `train:` section would be ignored without a word: a repeated key is an error naming both lines.
 // `values` counts the values walked (aliases expanded), refused past kMaxConfigValues.
 void index_keys(const YAML::Node& n, const std::string& prefix, const std::string& source, KeyMarks& marks,
-                size_t& values) {
+                size_t& values, size_t depth = 0) {
   count_value(values, source);
+  if (depth > kMaxConfigDepth) {
+    throw UserError(source + ": nested more than " + std::to_string(kMaxConfigDepth) + " levels deep once its YAML "
+                    "aliases (*name) are expanded; a config nests a few (an alias inside the node it names?)");
+  }
   if (n.IsMap()) {
     std::map<std::string, YAML::Mark> seen;
     for (const auto& kv : n) {
@@ -76,12 +85,12 @@ void index_keys(const YAML::Node& n, const std::string& prefix, const std::strin
                         " and " + line_of(kv.first.Mark()) + " (a key may appear once per section; merge them)");
       }
       marks.emplace(prefix + key, kv.first.Mark());
-      index_keys(kv.second, prefix + key + ".", source, marks, values);
+      index_keys(kv.second, prefix + key + ".", source, marks, values, depth + 1);
     }
   } else if (n.IsSequence()) {
     const auto list = prefix.empty() ? prefix : prefix.substr(0, prefix.size() - 1);
     for (size_t i = 0; i < n.size(); ++i)
-      index_keys(n[i], list + "[" + std::to_string(i) + "].", source, marks, values);
+      index_keys(n[i], list + "[" + std::to_string(i) + "].", source, marks, values, depth + 1);
   }
 }
 
