@@ -89,6 +89,7 @@ def main():
     ap.add_argument("--state-dim", type=int, default=8)
     ap.add_argument("--action-dim", type=int, default=7)
     ap.add_argument("--tasks", type=int, default=2)
+    ap.add_argument("--robot-type", default="panda", help="info.json robot_type (aloha: pi0-train converts as ALOHA)")
     ap.add_argument("--chunks-size", type=int, default=2, help="episodes (v2) or files (v3) per chunk folder")
     ap.add_argument("--episodes-per-file", type=int, default=2, help="v3.0 data files")
     ap.add_argument("--episodes-per-video", type=int, default=3, help="v3.0 video files")
@@ -143,7 +144,7 @@ def main():
         os.makedirs(os.path.dirname(path), exist_ok=True)
         pq.write_table(table, path, row_group_size=a.row_group or None)
 
-    info = {"codebase_version": a.version, "robot_type": "panda", "total_episodes": n_ep, "total_frames": sum(lengths),
+    info = {"codebase_version": a.version, "robot_type": a.robot_type, "total_episodes": n_ep, "total_frames": sum(lengths),
             "total_tasks": a.tasks, "chunks_size": a.chunks_size, "fps": fps, "splits": {"train": f"0:{n_ep}"},
             "features": features}
     starts = np.cumsum([0] + lengths).tolist()

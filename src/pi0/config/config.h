@@ -109,13 +109,15 @@ struct DatasetConfig {
 
   template <class V>
   void visit(V& v) {
-    v("format", format, "HDF5 layout: libero (robomimic, one file, data/demo_N) or aloha (one file per episode)");
+    v("format", format, "libero (HDF5, robomimic: one file, data/demo_N), aloha (HDF5, one file per episode) or "
+                        "lerobot (v2.0/v2.1/v3.0)");
     v("paths", paths, "files or glob patterns of this dataset");
     v("cameras", cameras, "model camera slot (base_0_rgb, left_wrist_0_rgb, right_wrist_0_rgb) → dataset image key");
     v("state_keys", state_keys, "dataset keys concatenated into the state vector; empty = format default");
     v("action_key", action_key, "dataset key of the actions; empty = format default");
     v("prompt", prompt, "task instruction; empty = read from the file (e.g. LIBERO problem_info)");
-    v("adapt_to_pi", adapt_to_pi, "ALOHA joint flips and gripper linear→angular as openpi trains (auto = on for aloha)");
+    v("adapt_to_pi", adapt_to_pi,
+      "ALOHA joint flips and gripper linear→angular as openpi trains (auto = on for aloha and ALOHA-like lerobot data)");
     v("flip_images", flip_images, "rotate frames 180° on read (auto = on for libero HDF5, whose frames are stored "
                                   "upside down; off for aloha and lerobot)");
   }

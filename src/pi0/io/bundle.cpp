@@ -147,6 +147,13 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     // EMA weights: one file, or one per rank of a run with dist.shard (pieces of the same tensors).
     ema_files = state_files(checkpoint_dir, kEmaState);
     cfg = config::load_config((ckpt / kConfigYaml).string());
+    if (cfg.data.dataset.format == "lerobot" && cfg.data.dataset.adapt_to_pi == "auto") {
+      // pi0-train records the value its data resolved; only checkpoints from before that still say "auto".
+      spdlog::warn("{}: data.dataset.adapt_to_pi is 'auto' for LeRobot data (a checkpoint from before pi0-train "
+                   "recorded the resolved value), so the bundle applies no ALOHA conversion at inference; if that "
+                   "data was ALOHA's (robot_type aloha or cam_high), resume the run and export a newer checkpoint",
+                   (ckpt / kConfigYaml).string());
+    }
     asset_id = find_asset_id(ckpt, cfg.checkpoint.asset_id);
     base_ref = read_base_ref(checkpoint_dir);
     base_path = options.base_weights.empty() && base_ref ? base_ref->path : options.base_weights;

@@ -69,6 +69,9 @@ class Checkpointer {
   /// Strict resume: throws. Otherwise warns, naming the checkpoint and `why`, and remembers it as bad.
   void reject(const std::string& dir, const std::string& why);
 
+  /// The config written to the run dir and into every checkpoint: the run's, with the settings its data resolved
+  /// at open. Called before resume().
+  void set_config(config::Config cfg) { cfg_ = std::move(cfg); }
   /// Small checkpoints: the frozen base the run builds on (from checkpoint.init_weights) and the parameters taken
   /// unchanged from it, which save() references instead of copying.
   void set_base(io::BaseWeightsRef ref, std::set<std::string> names);

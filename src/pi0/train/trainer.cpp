@@ -77,6 +77,11 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
   resume_dir_ = checkpointer_.check_run_dir(options_.resume);
   check_model_settings();
   data_ = make_data_pipeline(cfg_, local_batch(), options_.rank, options_.world_size);
+  // LeRobot data resolves adapt_to_pi "auto" from its features (on for ALOHA-like ones). The run dir, its
+  // checkpoints and the bundles exported from them record the value the data was trained with, so that inference
+  // converts state and actions exactly as training did (and serves ALOHA's metadata).
+  cfg_.data.dataset.adapt_to_pi = data_.dataset->options().adapt_to_pi;
+  checkpointer_.set_config(cfg_);
   while (resume_dir_) {  // a checkpoint this run cannot continue (batch size, world size) falls back like a bad one
     try {
       check_resumable(read_trainer_state(*resume_dir_), *resume_dir_, options_.world_size,

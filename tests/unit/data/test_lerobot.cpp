@@ -13,12 +13,14 @@
 #include "data_test_util.h"
 #include "lerobot_test_util.h"
 #include "pi0/common/check.h"
+#include "pi0/config/policy_metadata.h"
 #include "pi0/data/dataset.h"
 #include "pi0/data/hdf5_file.h"
 #include "pi0/data/lerobot.h"
 #include "pi0/data/norm_stats.h"
 #include "pi0/data/parquet.h"
 #include "pi0/data/video.h"
+#include "pi0/io/bundle.h"
 #include "pi0/train/metrics.h"
 #include "pi0/train/trainer.h"
 
@@ -257,6 +259,38 @@ TEST_CASE("lerobot PNG and HDF5 with identical content give identical samples an
   REQUIRE(l_h5.size() == 3);
   CHECK(l_h5 == l_v21);  // exact
   CHECK(l_h5 == l_v30);
+}
+
+TEST_CASE("lerobot ALOHA data: the adapt_to_pi that 'auto' resolved to reaches checkpoints and the bundle", "[lerobot][train]") {
+  // Training converts ALOHA-like LeRobot data to pi0's convention; a bundle that said 'auto' (= off for lerobot)
+  // would feed the robot's state unconverted and send pi0-convention actions (and no reset_pose) to a real arm.
+  if (!test::lerobot_built()) return;
+  test::TempDir dir;
+  const auto root = write(dir, "aloha", "--version v3.0 --images png --robot-type aloha --state-dim 14 --action-dim 14");
+  {
+    data::RobotDataset ds(lerobot_options(root));
+    REQUIRE(ds.options().adapt_to_pi == "true");
+    const std::string norm = dir.file("norm_stats.json");
+    data::save_norm_stats(data::compute_norm_stats(ds), norm);
+  }
+  const std::string run_dir = dir.file("run");
+  train::Trainer t(config::load_config(
+      std::string(PI0_SOURCE_DIR) + "/configs/debug.yaml",
+      {"data.norm_stats=" + dir.file("norm_stats.json"),
+       "data.tokenizer=" + std::string(PI0_SOURCE_DIR) + "/data/tokenizer/tiny_spm.model", "checkpoint.run_dir=" + run_dir,
+       "train.num_steps=1", "train.batch_size=2", "data.num_workers=1", "checkpoint.save_interval=1",
+       "model.action_dim=14", "data.dataset.format=lerobot", "data.dataset.paths=[" + root + "]"}));
+  t.run();
+  for (const auto& yaml : {run_dir + "/config.yaml", run_dir + "/checkpoints/1/config.yaml"}) {
+    INFO(yaml);
+    CHECK(config::load_config(yaml).data.dataset.adapt_to_pi == "true");
+  }
+  io::export_bundle(run_dir + "/checkpoints/1", dir.file("bundle"));
+  std::ifstream cj(dir.file("bundle") + "/config.json");
+  CHECK(nlohmann::json::parse(cj).at("adapt_to_pi") == true);
+  const auto bundle_cfg = config::load_config(dir.file("bundle") + "/config.yaml");
+  CHECK(bundle_cfg.data.dataset.adapt_to_pi_enabled());
+  CHECK(config::policy_metadata(bundle_cfg).contains("reset_pose"));
 }
 
 // ---- bad input: one line naming the file and key ----
