@@ -104,7 +104,8 @@ struct DatasetConfig {
   /// trained on rotated ones), false for aloha and lerobot; "true" | "false".
   std::string flip_images = "auto";
 
-  /// adapt_to_pi resolved against the format (auto → format == "aloha").
+  /// adapt_to_pi resolved against the format (auto → format == "aloha"). LeRobot data resolves auto from its
+  /// features when it is opened, and pi0-train saves that value, so only configs from before then hold auto there.
   bool adapt_to_pi_enabled() const { return adapt_to_pi == "auto" ? format == "aloha" : adapt_to_pi == "true"; }
 
   template <class V>
