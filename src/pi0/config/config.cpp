@@ -451,6 +451,16 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(root, path, overrides);
 }
 
+int64_t micro_batch_size(const TrainConfig& t, int64_t world_size) {
+  const int64_t per_step = world_size * t.grad_accum_steps;
+  if (per_step < 1 || t.batch_size % per_step != 0) {
+    throw UserError("train.batch_size must be divisible by world size (" + std::to_string(world_size) +
+                    ") × train.grad_accum_steps (" + std::to_string(t.grad_accum_steps) + ") (got " +
+                    std::to_string(t.batch_size) + ")");
+  }
+  return t.batch_size / per_step;
+}
+
 void validate(const Config& c) {
   {
     FiniteChecker finite;

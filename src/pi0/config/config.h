@@ -274,6 +274,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const YAML::Node& root, const std::string& source, const std::vector<std::string>& overrides = {});
 /// Range and consistency checks; throws pi0::UserError ("train.batch_size must be > 0 (got 0)").
 void validate(const Config& config);
+/// Samples per rank per micro-step, what the loader builds per next(): train.batch_size / (world size ·
+/// train.grad_accum_steps). Throws pi0::UserError naming both when it does not divide (validate() checks the
+/// world-size-free part; the world size is known only at launch).
+int64_t micro_batch_size(const TrainConfig& train, int64_t world_size);
 /// The resolved config as YAML (round-trips through parse_config); numbers in their shortest round-trip form.
 YAML::Node to_yaml(const Config& config);
 /// The resolved config for a log: one YAML flow mapping per section ("train: {num_steps: 300, ...}"), wrapped at

@@ -22,6 +22,7 @@
 #endif
 
 #include "pi0/common/check.h"
+#include "pi0/model/flow_matching.h"
 #include "pi0/nn/attention_mask.h"
 #include "pi0/nn/checkpoint.h"
 #include "pi0/nn/matmul.h"
@@ -344,9 +345,7 @@ torch::Tensor Pi0Impl::compute_loss(const Observation& obs, const torch::Tensor&
   const int64_t b = actions.size(0);
   auto a = nn::upcast(actions);
   auto eps = noise ? noise->to(a.scalar_type()) : torch::randn_like(a);
-  // Beta(1.5, 1) by inversion: its CDF is t^1.5, so t = U^(1/1.5).
-  auto t = time ? time->to(a.scalar_type())
-                : torch::rand({b}, a.options()).pow(1.0 / 1.5) * 0.999 + 0.001;
+  auto t = time ? time->to(a.scalar_type()) : sample_flow_time(b, a.options());
   auto t3 = t.view({b, 1, 1});
   auto x_t = t3 * eps + (1.0 - t3) * a;
   auto u_t = eps - a;

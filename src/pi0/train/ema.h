@@ -5,7 +5,7 @@
 // NOTE: openpi averages *all* parameters, frozen ones included. A frozen parameter never changes, so its average
 // is the parameter itself (up to float rounding of d·p + (1 − d)·p); we recommend handing in only the trainable
 // parameters, which gives the same weights without a float32 copy of the frozen ones (the memory breakdown in
-// freeze.h assumes this choice). Anything missing from the EMA is exported from the live model.
+// placement.h assumes this choice). Anything missing from the EMA is exported from the live model.
 #pragma once
 #include <map>
 #include <string>

@@ -53,32 +53,12 @@ Report make_report(const config::Config& cfg, int64_t world_size, bool weights_f
 
 }  // namespace
 
-ParamBreakdown planned_breakdown(const config::Config& cfg) {
-  const auto layout = model::parameter_layout(model::options_from_config(cfg.model));
-  const auto mask = trainable_mask(names_of(layout), cfg.train.freeze, cfg.train.trainable_include,
-                                   cfg.train.trainable_exclude);
-  auto b = breakdown(layout, mask, cfg.train.precision, cfg.train.ema_decay > 0);
-  if (!cfg.train.weight_cast_cache) {  // casts are then made per forward and freed with the step's activations
-    b.total.cast_bytes = 0;
-    for (auto& s : b.components) s.cast_bytes = 0;
-  }
-  return b;
-}
-
-int64_t micro_batch_size(const config::TrainConfig& t, int64_t world_size) {
-  const int64_t per_step = world_size * t.grad_accum_steps;
-  if (per_step < 1 || t.batch_size % per_step != 0) {
-    throw UserError("train.batch_size must be divisible by world size (" + std::to_string(world_size) +
-                    ") × train.grad_accum_steps (" + std::to_string(t.grad_accum_steps) + ") (got " +
-                    std::to_string(t.batch_size) + ")");
-  }
-  return t.batch_size / per_step;
-}
+ParamBreakdown planned_breakdown(const config::Config& cfg) { return breakdown(make_placement(cfg)); }
 
 MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size) {
   MemoryPlan plan;
   plan.params = planned_breakdown(cfg);
-  plan.micro_batch = micro_batch_size(cfg.train, world_size);
+  plan.micro_batch = config::micro_batch_size(cfg.train, world_size);
   // Every camera slot goes through SigLIP, present or not (a missing camera is a masked black image).
   plan.num_cameras = static_cast<int64_t>(model::kCameraNames.size());
   plan.activations = model::activation_memory(model::options_from_config(cfg.model), plan.micro_batch,
@@ -100,26 +80,21 @@ int64_t RankMemory::peak_bytes(const model::ActivationMemory& activations) const
          std::max(activations.saved, grad_bytes + in_flight_bytes + activations.last_layer) + activations.transient;
 }
 
-RankMemory plan_rank_memory(const std::vector<model::ParamSpec>& layout, const std::vector<bool>& trainable,
-                            const ParamBreakdown& params, const std::string& shard, int64_t world_size,
-                            int64_t bucket_bytes) {
-  PI0_CHECK(trainable.size() == layout.size(), "plan_rank_memory: mask has ", trainable.size(), " entries for ",
-            layout.size(), " parameters");
+RankMemory plan_rank_memory(const PlacementTable& table, const ParamBreakdown& params, const std::string& shard,
+                            int64_t world_size, int64_t bucket_bytes) {
   PI0_CHECK(world_size >= 1, "plan_rank_memory: world size ", world_size);
-  // The trainer's storage dtypes (Trainer::build_model): trainable parameters stay float32 unless train.precision
-  // is bf16; their gradients, the shard accumulators and AdamW's moments share that dtype.
-  const int64_t element_bytes = params.precision == "bf16" ? 2 : 4;
+  // The shares are laid out over the trainable parameters with their gradients' element sizes (placement.h),
+  // as distributed::ShardLayout does for the built model.
   std::vector<int64_t> numels, element_sizes;
-  int64_t largest = 0;
-  for (size_t i = 0; i < layout.size(); ++i) {
-    if (!trainable[i]) continue;
-    numels.push_back(layout[i].numel());
-    element_sizes.push_back(element_bytes);
-    largest = std::max(largest, layout[i].numel() * element_bytes);
+  int64_t largest = 0, grad_total = 0;
+  for (const auto& p : table.params) {
+    if (!p.trainable) continue;
+    numels.push_back(p.numel);
+    element_sizes.push_back(static_cast<int64_t>(c10::elementSize(p.storage)));
+    largest = std::max(largest, p.grad_bytes());
+    grad_total += p.grad_bytes();
   }
-  const int64_t grad_total = params.total.grad_bytes;
-  PI0_CHECK(grad_total == params.total.trainable * element_bytes,
-            "plan_rank_memory: breakdown of another precision or layout");
+  PI0_CHECK(grad_total == params.total.grad_bytes, "plan_rank_memory: breakdown of another placement table");
 
   const auto mode = world_size > 1 ? distributed::parse_shard_mode(shard) : distributed::ShardMode::kNone;
   RankMemory m;
@@ -159,11 +134,8 @@ RankMemory plan_rank_memory(const std::vector<model::ParamSpec>& layout, const s
 }
 
 RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size) {
-  const auto layout = model::parameter_layout(model::options_from_config(cfg.model));
-  const auto mask = trainable_mask(names_of(layout), cfg.train.freeze, cfg.train.trainable_include,
-                                   cfg.train.trainable_exclude);
-  return plan_rank_memory(layout, mask, planned_breakdown(cfg), cfg.dist.shard, world_size,
-                          cfg.dist.bucket_size_mb << 20);
+  const auto table = make_placement(cfg);
+  return plan_rank_memory(table, breakdown(table), cfg.dist.shard, world_size, cfg.dist.bucket_size_mb << 20);
 }
 
 nlohmann::json rank_memory_json(const RankMemory& m) {

@@ -30,12 +30,12 @@
 #include "pi0/config/config.h"
 #include "pi0/model/activation_memory.h"
 #include "pi0/model/param_layout.h"
-#include "pi0/train/freeze.h"
+#include "pi0/train/placement.h"
 
 namespace pi0::train {
 
 /// Trainable-parameter breakdown of the configured model computed from shapes only (full-size models are never
-/// allocated), under the configured freeze preset, precision and EMA setting.
+/// allocated): breakdown(make_placement(cfg)), the placement the trainer builds.
 ParamBreakdown planned_breakdown(const config::Config& cfg);
 
 /// Planned memory of one training rank: the persistent state of planned_breakdown (weights, AdamW, EMA, cast
@@ -72,9 +72,6 @@ struct MemoryPlan {
 };
 /// Planned for `world_size` ranks; UserError when the global batch does not split evenly (as training would).
 MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size = 1);
-/// Samples per rank per micro-step (what the loader builds per next()): train.batch_size / (world size ·
-/// train.grad_accum_steps). UserError naming both when it does not divide.
-int64_t micro_batch_size(const config::TrainConfig& t, int64_t world_size);
 
 
 /// Memory of one data-parallel rank, in bytes: the rank with the largest share (the one a GPU must fit).
@@ -102,12 +99,10 @@ struct RankMemory {
   int64_t peak_bytes(const model::ActivationMemory& activations) const;
 };
 
-/// `layout` and `trainable`: the model's parameters in registration order and their trainable flags;
-/// `params`: breakdown() of the same layout (precision, EMA, weights and cast cache as the run configures them);
-/// `shard`: "none", "optimizer" or "gradients"; `bucket_bytes`: dist.bucket_size_mb · 2^20.
-RankMemory plan_rank_memory(const std::vector<model::ParamSpec>& layout, const std::vector<bool>& trainable,
-                            const ParamBreakdown& params, const std::string& shard, int64_t world_size,
-                            int64_t bucket_bytes);
+/// `table`: the run's placement (placement.h: trainable flags and storage dtypes, registration order);
+/// `params`: breakdown(table); `shard`: "none", "optimizer" or "gradients"; `bucket_bytes`: dist.bucket_size_mb · 2^20.
+RankMemory plan_rank_memory(const PlacementTable& table, const ParamBreakdown& params, const std::string& shard,
+                            int64_t world_size, int64_t bucket_bytes);
 
 /// The same for a config (dist.shard, dist.bucket_size_mb, the freeze preset, precision, EMA, cast cache).
 RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size);

@@ -158,8 +158,7 @@ double clip_grad_norm(std::vector<torch::Tensor>& params, double max_norm) {
   return clip_gradients(grads, max_norm);
 }
 
-double clip_gradients(const std::vector<torch::Tensor>& grads_in, double max_norm,
-                      const std::function<double(double)>& sum_over_ranks) {
+torch::Tensor gradient_sum_of_squares(const std::vector<torch::Tensor>& grads_in) {
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (const auto& g : grads_in)
@@ -167,8 +166,8 @@ double clip_gradients(const std::vector<torch::Tensor>& grads_in, double max_nor
   torch::Tensor sum_sq;
 #if PI0_HAVE_FOREACH
   if (!grads.empty() && grads[0].is_cuda()) {
-    // One fused launch per group for the per-tensor norms, one host sync for the total. Per-tensor norms are
-    // float32 (accumulated in float32 by the kernel), combined in float64.
+    // One fused launch per group for the per-tensor norms. Per-tensor norms are float32 (accumulated in float32 by
+    // the kernel), combined in float64.
     for_each_group({&grads}, [&](const std::vector<std::vector<torch::Tensor>>& l) {
       auto norms = torch::stack(at::_foreach_norm(l[0], 2)).to(torch::kFloat64);
       auto s = norms.mul(norms).sum();
@@ -188,18 +187,31 @@ double clip_gradients(const std::vector<torch::Tensor>& grads_in, double max_nor
       }
     }
   }
+  return sum_sq;
+}
+
+void scale_gradients_to_norm(const std::vector<torch::Tensor>& grads_in, double norm, double max_norm) {
+  if (!std::isfinite(norm) || norm <= max_norm) return;
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> grads;
+  for (const auto& g : grads_in)
+    if (g.defined()) grads.push_back(g);
+  if (grads.empty()) return;
+  const double coef = max_norm / (norm + 1e-6);
+#if PI0_HAVE_FOREACH
+  for_each_group({&grads}, [&](const std::vector<std::vector<torch::Tensor>>& l) { at::_foreach_mul_(l[0], coef); });
+#else
+  for (auto& g : grads) g.mul_(coef);
+#endif
+}
+
+double clip_gradients(const std::vector<torch::Tensor>& grads, double max_norm,
+                      const std::function<double(double)>& sum_over_ranks) {
+  const auto sum_sq = gradient_sum_of_squares(grads);
   double total = sum_sq.defined() ? sum_sq.item<double>() : 0.0;
   if (sum_over_ranks) total = sum_over_ranks(total);
   const double norm = std::sqrt(total);
-  if (!std::isfinite(norm) || grads.empty()) return norm;
-  if (norm > max_norm) {
-    const double coef = max_norm / (norm + 1e-6);
-#if PI0_HAVE_FOREACH
-    for_each_group({&grads}, [&](const std::vector<std::vector<torch::Tensor>>& l) { at::_foreach_mul_(l[0], coef); });
-#else
-    for (auto& g : grads) g.mul_(coef);
-#endif
-  }
+  scale_gradients_to_norm(grads, norm, max_norm);
   return norm;
 }
 

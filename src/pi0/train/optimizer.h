@@ -90,5 +90,11 @@ double clip_grad_norm(std::vector<torch::Tensor>& params, double max_norm);
 /// squares into the global one: with sharded gradients each rank holds a disjoint part.
 double clip_gradients(const std::vector<torch::Tensor>& grads, double max_norm,
                       const std::function<double(double)>& sum_over_ranks = {});
+/// clip_gradients in its two halves, for a caller that reads the sum together with other values (the trainer reads
+/// it with the step's loss: one wait for the GPU per step). The sum of squares of the defined gradients as a float64
+/// scalar on their device (undefined when there are none); nothing is read to the host.
+torch::Tensor gradient_sum_of_squares(const std::vector<torch::Tensor>& grads);
+/// Scales every defined gradient in place by max_norm / (norm + 1e-6) when `norm` (finite) exceeds max_norm.
+void scale_gradients_to_norm(const std::vector<torch::Tensor>& grads, double norm, double max_norm);
 
 }  // namespace pi0::train

@@ -20,13 +20,14 @@
 #include "pi0/common/interrupt.h"
 #include "pi0/distributed/consistency.h"
 #include "pi0/io/model_weights.h"
+#include "pi0/model/flow_matching.h"
 #include "pi0/model/model_config.h"
 #include "pi0/model/param_layout.h"
 #include "pi0/nn/dense.h"
 #include "pi0/nn/param_device.h"
 #include "pi0/train/lr_schedule.h"
 #include "pi0/train/memory_plan.h"
-#include "pi0/train/metrics.h"
+#include "pi0/train/metrics_processor.h"
 #include "pi0/train/signals.h"
 #include "pi0/train/trainer_state.h"
 
@@ -34,23 +35,7 @@ namespace pi0::train {
 
 namespace fs = pi0::posix_fs;
 
-namespace {
-
 using Clock = std::chrono::steady_clock;
-
-std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const auto s = static_cast<int64_t>(seconds + 0.5);
-  char buf[32];
-  if (s >= 3600) {
-    std::snprintf(buf, sizeof buf, "%ldh%02ldm", static_cast<long>(s / 3600), static_cast<long>((s % 3600) / 60));
-  } else {
-    std::snprintf(buf, sizeof buf, "%ldm%02lds", static_cast<long>(s / 60), static_cast<long>(s % 60));
-  }
-  return buf;
-}
-
-}  // namespace
 
 Trainer::Trainer(config::Config cfg, RunOptions options)
     : cfg_(std::move(cfg)),
@@ -75,7 +60,7 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
   // model is built (a full-size build costs GBs and, with random init, a minute): every config error arrives in
   // well under a second.
   resume_dir_ = checkpointer_.check_run_dir(options_.resume);
-  check_model_settings();
+  plan_model();
   data_ = make_data_pipeline(cfg_, local_batch(), options_.rank, options_.world_size);
   // LeRobot data resolves adapt_to_pi "auto" from its features (on for ALOHA-like ones). The run dir, its
   // checkpoints and the bundles exported from them record the value the data was trained with, so that inference
@@ -100,10 +85,11 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
   interruption_point();
 }
 
-void Trainer::check_model_settings() const {
-  // The freeze preset and regexes, from the parameter layout (shapes only, nothing allocated).
-  const auto mask = trainable_mask(names_of(model::parameter_layout(model::options_from_config(cfg_.model))),
-                                   cfg_.train.freeze, cfg_.train.trainable_include, cfg_.train.trainable_exclude);
+void Trainer::plan_model() {
+  // The freeze preset and regexes, the precision: the placement table from the parameter layout (shapes only,
+  // nothing allocated), which build_model applies.
+  placement_ = make_placement(cfg_);
+  const auto mask = placement_.trainable_mask();
   if (std::find(mask.begin(), mask.end(), true) == mask.end())
     throw UserError("train.freeze '" + cfg_.train.freeze + "' leaves nothing to train");
   model::parse_attention_impl(cfg_.model.attention, "model.attention");
@@ -111,7 +97,7 @@ void Trainer::check_model_settings() const {
 
 Trainer::~Trainer() = default;
 
-int64_t Trainer::local_batch() const { return micro_batch_size(cfg_.train, options_.world_size); }
+int64_t Trainer::local_batch() const { return config::micro_batch_size(cfg_.train, options_.world_size); }
 
 void Trainer::build_model() {
   const auto opts = model::options_from_config(cfg_.model);
@@ -133,29 +119,11 @@ void Trainer::build_model() {
     nn::SkipInitScope skip(from_file);
     model_ = model::Pi0(opts);
   }
-  trainable_ = apply_freeze(*model_, cfg_.train.freeze, cfg_.train.trainable_include, cfg_.train.trainable_exclude);
+  // Freezing, storage and compute dtypes: the placement the memory plan counts (placement.h), before anything is
+  // loaded, so weights read from a file land directly in their storage dtype.
+  apply_placement(*model_, placement_, from_file);
+  trainable_ = placement_.trainable_mask();
   const auto& precision = cfg_.train.precision;
-  {
-    // Storage dtypes before anything is loaded: bf16 throughout ("bf16"), or bf16 for what is frozen
-    // ("bf16-mixed": float32 master weights for what trains; frozen weights only feed bf16 matmuls). Uninitialized
-    // parameters get new bf16 storage (never touched in float32); drawn ones (LoRA factors, random init) convert.
-    torch::NoGradGuard no_grad;
-    size_t i = 0;
-    for (auto& item : model_->named_parameters()) {
-      auto& p = item.value();
-      const bool trainable = trainable_[i++];
-      if (precision == "bf16" || (precision == "bf16-mixed" && !trainable)) {
-        const bool drawn = !from_file || item.key().find(".lora_") != std::string::npos;
-        p.set_data(drawn ? p.data().to(torch::kBFloat16) : torch::empty(p.sizes(), p.options().dtype(torch::kBFloat16)));
-      }
-    }
-  }
-  if (precision == "bf16") {
-    model_->to(torch::kBFloat16);  // buffers
-    model_->set_compute_dtype(torch::kBFloat16);
-  } else if (precision == "bf16-mixed") {
-    model_->set_compute_dtype(torch::kBFloat16);
-  }
   if (!resume_dir_ && !ck.init_weights.empty()) {
     io::LoadOptions lo;
     lo.reinit_mismatched_projections = ck.reinit_mismatched_projections;
@@ -171,7 +139,10 @@ void Trainer::build_model() {
     const bool partial = std::find(trainable_.begin(), trainable_.end(), false) != trainable_.end();
     if (partial && !ck.self_contained && rank0) {
       auto base_ref = io::make_base_ref(ck.init_weights);
-      if (precision != "float32") base_ref.frozen_dtype = "BF16";
+      // The base is read in the frozen parameters' storage dtype (placement.h).
+      const auto frozen = std::find_if(placement_.params.begin(), placement_.params.end(),
+                                       [](const ParamPlacement& p) { return !p.trainable; });
+      if (frozen->storage == torch::kBFloat16) base_ref.frozen_dtype = "BF16";
       spdlog::info("checkpoints store what trains and refer to the frozen base {} (checksum {}); "
                    "checkpoint.self_contained=true stores everything",
                    base_ref.path, base_ref.checksum);
@@ -220,7 +191,7 @@ void Trainer::build_model() {
   }
 
   if (options_.rank == 0) {
-    const auto b = breakdown(model::parameter_layout(opts), trainable_, precision, ema_ != nullptr);
+    const auto b = breakdown(placement_);
     spdlog::info("parameters (freeze preset '{}', precision {}):\n{}", cfg_.train.freeze, precision,
                  format_breakdown(b));
   }
@@ -254,7 +225,10 @@ int64_t Trainer::run() {
     // A skipped step (non-finite loss, within train.max_nonfinite_skips) counts: its data and noise are consumed,
     // and it is saved and stopped at like any other.
     ++step_;
-    if (!result.skipped) log_step(result, lr);
+    if (!result.skipped) {
+      if (pg_ && step_ == first_step + 1) log_held_state();
+      metrics_->log(step_, result.loss, result.grad_norm, lr);
+    }
     if (step_ % ck.save_interval == 0 || (step_ == t.num_steps && options_.final_checkpoint) || result.stop) {
       save_checkpoint();
     }
@@ -293,12 +267,10 @@ std::vector<model::Batch> Trainer::next_micro_batches() {
 
 void Trainer::open_run_dir() {
   const auto& t = cfg_.train;
-  progress_ = Progress{};
-  progress_.first_step = step_;
-  if (options_.rank != 0) return;
-  checkpointer_.open_run_dir();
-  metrics_.emplace((fs::path(cfg_.checkpoint.run_dir) / "metrics.jsonl").string(), step_ + 1);
-  if (step_ < t.num_steps) {
+  metrics_.emplace(t, options_.rank, options_.world_size, pg_, reducer_stats());
+  if (options_.rank == 0) checkpointer_.open_run_dir();
+  metrics_->start(step_, options_.rank == 0 ? (fs::path(cfg_.checkpoint.run_dir) / "metrics.jsonl").string() : "");
+  if (options_.rank == 0 && step_ < t.num_steps) {
     spdlog::info("training steps {}–{}: global batch {} = {} per rank × {} ranks × {} accumulation steps, "
                  "{} samples in the dataset, device {}",
                  step_ + 1, t.num_steps, t.batch_size, local_batch(), options_.world_size, t.grad_accum_steps,
@@ -306,74 +278,16 @@ void Trainer::open_run_dir() {
   }
 }
 
-std::map<std::string, double> Trainer::close_interval(Interval& iv, double lr, double grad_norm) {
-  const auto& t = cfg_.train;
-  double mean_loss = iv.loss / static_cast<double>(iv.steps);
-  if (pg_) {  // the logged loss is the mean over ranks
-    auto l = torch::tensor({mean_loss}, torch::kFloat64);
-    pg_->all_reduce_sum(l, "loss logging");
-    mean_loss = l.item<double>() / static_cast<double>(options_.world_size);
+void Trainer::log_held_state() {
+  // What each rank holds, measured from its tensors (what dist.shard and --print-params --world-size plan); a
+  // single process holds what --print-params says. Collective.
+  const auto held = rank_state_bytes();
+  const auto all = pg_->all_gather(torch::tensor({held.optimizer, held.ema, held.grads}, torch::kInt64),
+                                   "gather of the per-rank state sizes");
+  for (size_t r = 0; options_.rank == 0 && r < all.size(); ++r) {
+    spdlog::info("{}", format_held_state(static_cast<int64_t>(r), options_.world_size, all[r][0].item<int64_t>(),
+                                         all[r][1].item<int64_t>(), all[r][2].item<int64_t>(), cfg_.dist.shard));
   }
-  const double elapsed = std::chrono::duration<double>(Clock::now() - iv.start).count();
-  const double step_time = elapsed / static_cast<double>(iv.steps);
-  const double step_cpu = (thread_cpu_seconds() - iv.cpu_start) / static_cast<double>(iv.steps);
-  std::map<std::string, double> record = {{"loss", mean_loss},
-                                          {"grad_norm", grad_norm},
-                                          {"lr", lr},
-                                          {"samples_per_s", static_cast<double>(t.batch_size) / step_time},
-                                          {"step_time_s", step_time},
-                                          {"step_cpu_s", step_cpu}};
-  if (const auto* stats = reducer_stats()) {
-    // Per step: the gradient all-reduce span (first bucket launched → last done) and the part of it backward
-    // did not hide (time in wait()).
-    const auto& c = *stats;
-    const double n = static_cast<double>(std::max<int64_t>(c.steps - iv.comm_start.steps, 1));
-    record["comm_s"] = (c.comm_seconds - iv.comm_start.comm_seconds) / n;
-    record["comm_exposed_s"] = (c.wait_seconds - iv.comm_start.wait_seconds) / n;
-  }
-  iv = Interval();
-  if (const auto* stats = reducer_stats()) iv.comm_start = *stats;
-  return record;
-}
-
-void Trainer::log_step(const StepResult& result, double lr) {
-  const auto& t = cfg_.train;
-  const bool rank0 = options_.rank == 0;
-  const double grad_norm = result.grad_norm;
-  auto& p = progress_;
-  for (Interval* iv : {&p.log, &p.record}) iv->loss += result.loss, ++iv->steps;
-  if (step_ == p.first_step + 1 && pg_) {
-    // What each rank holds, measured from its tensors (what dist.shard and --print-params --world-size plan); a
-    // single process holds what --print-params says.
-    const auto held = rank_state_bytes();
-    const auto all = pg_->all_gather(torch::tensor({held.optimizer, held.ema, held.grads}, torch::kInt64),
-                                     "gather of the per-rank state sizes");
-    for (size_t r = 0; rank0 && r < all.size(); ++r) {
-      spdlog::info("{}", format_held_state(static_cast<int64_t>(r), options_.world_size, all[r][0].item<int64_t>(),
-                                           all[r][1].item<int64_t>(), all[r][2].item<int64_t>(), cfg_.dist.shard));
-    }
-  }
-  // Progress lines every train.log_interval steps; metrics records every train.metrics_interval steps (0: the
-  // same), each the mean over its own interval (collective when data-parallel: every rank closes them together).
-  const int64_t record_interval = t.metrics_interval > 0 ? t.metrics_interval : t.log_interval;
-  const bool last = step_ == t.num_steps;
-  std::optional<std::map<std::string, double>> record;
-  if (step_ % record_interval == 0 || last) {
-    record = close_interval(p.record, lr, grad_norm);
-    if (rank0) metrics_->write(step_, *record);
-  }
-  if (step_ % t.log_interval != 0 && !last) return;
-  const auto line = record_interval == t.log_interval ? *record : close_interval(p.log, lr, grad_norm);
-  if (record_interval == t.log_interval) p.log = Interval();
-  if (!rank0) return;
-  // Slow runs (a full-size model on a CPU) read better in seconds per step than in "0.0 samples/s".
-  const double samples_per_s = line.at("samples_per_s"), step_time = line.at("step_time_s");
-  char speed[48];
-  if (samples_per_s < 0.1) std::snprintf(speed, sizeof speed, "%.1f s/step", step_time);
-  else std::snprintf(speed, sizeof speed, "%.1f samples/s", samples_per_s);
-  spdlog::info("step {}/{} | loss {:.4f} | grad_norm {:.3f} | lr {:.2e} | {} | ETA {}", step_, t.num_steps,
-               line.at("loss"), grad_norm, lr, speed,
-               format_duration(step_time * static_cast<double>(t.num_steps - step_)));
 }
 
 StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, double lr,
@@ -386,7 +300,9 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
             "train_step: one noise and one time tensor per micro-batch expected");
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
   StepResult result;
-  double loss_sum = 0;
+  // The micro-batches' losses are summed on the device, in float64 (what the host sum of their float32 values was),
+  // and read once after the loop: reading each one would stall the GPU stream once per micro-batch.
+  torch::Tensor loss_sum;
   for (int64_t micro = 0; micro < n_micro; ++micro) {
     grad_sync_->before_backward(micro, n_micro);
     const auto& batch = micro_batches[static_cast<size_t>(micro)];
@@ -405,21 +321,30 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
       auto noise_shape = actions.sizes().vec();
       noise_shape[0] = b * options_.world_size;
       noise = torch::randn(noise_shape, rng_, f32).narrow(0, options_.rank * b, b).to(device_);
-      time = (torch::rand({b * options_.world_size}, rng_, f32).narrow(0, options_.rank * b, b).pow(1.0 / 1.5) *
-                  0.999 + 0.001).to(device_);
+      time = model::sample_flow_time(b * options_.world_size, f32, rng_, options_.rank * b, b).to(device_);
     }
     auto loss = model_->compute_loss(obs, actions, noise, time).mean();
     (loss / static_cast<double>(n_micro)).backward();
-    loss_sum += loss.item<double>();
+    const auto loss_f64 = loss.detach().to(torch::kFloat64);
+    loss_sum = micro == 0 ? loss_f64 : loss_sum + loss_f64;
     grad_sync_->after_backward(micro, n_micro);
   }
   nn::clear_cast_cache(*model_);  // the step's bf16 weight copies: the optimizer is about to change the weights
-  result.loss = loss_sum / static_cast<double>(n_micro);
   const double max_norm = t.clip_grad_norm > 0 ? t.clip_grad_norm : std::numeric_limits<double>::infinity();
   // The gradients this rank's optimizer applies (mean over ranks): all of them, or the owned elements' (sharded).
   std::vector<torch::Tensor> grads = grad_sync_->gradients();
   last_grad_bytes_ = grad_sync_->held_grad_bytes();
-  result.grad_norm = clip_gradients(grads, max_norm, grad_sync_->norm_sum_over_ranks());
+  {
+    // The step's one wait for the GPU: the loss and the gradients' sum of squares, read together.
+    const auto sum_sq = gradient_sum_of_squares(grads);
+    const auto host = torch::stack({loss_sum, sum_sq.defined() ? sum_sq.to(loss_sum.device())
+                                                               : torch::zeros_like(loss_sum)}).cpu();
+    result.loss = host[0].item<double>() / static_cast<double>(n_micro);
+    double total = host[1].item<double>();
+    if (const auto sum_over_ranks = grad_sync_->norm_sum_over_ranks()) total = sum_over_ranks(total);
+    result.grad_norm = std::sqrt(total);
+  }
+  scale_gradients_to_norm(grads, result.grad_norm, max_norm);  // clipping: nothing changes when not finite
   // Decisions every rank must take alike: a non-finite loss on any rank, a stop signal on any rank.
   bool loss_finite = std::isfinite(result.loss);
   result.stop = stop_requested();

@@ -4,7 +4,6 @@
 // TrainState; run() reads top to bottom in one function: resume; loop { step; maybe log; maybe save }.
 #pragma once
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <memory>
 #include <set>
@@ -13,7 +12,6 @@
 
 #include <torch/torch.h>
 
-#include "pi0/common/threads.h"
 #include "pi0/config/config.h"
 #include "pi0/data/loader.h"
 #include "pi0/distributed/grad_sync.h"
@@ -23,8 +21,8 @@
 #include "pi0/train/checkpointer.h"
 #include "pi0/train/data_setup.h"
 #include "pi0/train/ema.h"
-#include "pi0/train/freeze.h"
-#include "pi0/train/metrics.h"
+#include "pi0/train/placement.h"
+#include "pi0/train/metrics_processor.h"
 #include "pi0/train/optimizer.h"
 
 namespace pi0::train {
@@ -97,18 +95,18 @@ class Trainer {
 
  private:
   void build_model();
-  /// The freeze preset, trainable regexes and attention setting, checked from shapes before anything is built.
-  void check_model_settings() const;
+  /// The placement table (freeze preset, trainable regexes, precision) and the attention setting, made and checked
+  /// from shapes before anything is built.
+  void plan_model();
   /// What a checkpoint holds of this trainer, by reference.
   TrainState state();
   /// The next train.grad_accum_steps batches of this rank.
   std::vector<model::Batch> next_micro_batches();
-  /// Rank 0: stale temporary checkpoints removed, config.yaml and metrics.jsonl opened, the plan logged. Every
-  /// rank: the log interval starts.
+  /// Rank 0: stale temporary checkpoints removed, config.yaml written and metrics.jsonl opened (the metrics
+  /// processor starts), the plan logged.
   void open_run_dir();
-  /// Adds a completed (not skipped) step to the log interval; at log_interval and at the last step logs the
-  /// interval's means and writes them to metrics.jsonl.
-  void log_step(const StepResult& result, double lr);
+  /// Data parallel, after the first step: each rank's optimizer, EMA and gradient bytes, logged by rank 0.
+  void log_held_state();
   int64_t local_batch() const;
   void check_and_sync_replicas();
 
@@ -116,7 +114,8 @@ class Trainer {
   RunOptions options_;
   torch::Device device_{torch::kCPU};
   model::Pi0 model_{nullptr};
-  std::vector<bool> trainable_;
+  PlacementTable placement_;     ///< where each parameter lives and in which dtype; what the memory plan counts
+  std::vector<bool> trainable_;  ///< placement_'s trainable flags (named_parameters() order)
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;
   std::shared_ptr<distributed::ProcessGroup> pg_;  ///< null in single-process runs
@@ -133,24 +132,7 @@ class Trainer {
   int64_t nonfinite_skips_ = 0;
   Checkpointer checkpointer_;
   std::optional<std::string> resume_dir_;  ///< checkpoint restored by run()
-  /// A log or metrics interval under way: its start (wall and training-thread CPU time), summed loss, completed
-  /// steps and the reducer's statistics at its start.
-  struct Interval {
-    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-    double cpu_start = thread_cpu_seconds();
-    double loss = 0;
-    int64_t steps = 0;
-    distributed::GradReducerStats comm_start;
-  };
-  /// The interval's record (mean loss over ranks, speed, communication); starts the next interval. Collective.
-  std::map<std::string, double> close_interval(Interval& iv, double lr, double grad_norm);
-  struct Progress {
-    int64_t first_step = 0;  ///< the step run() started from
-    Interval log;            ///< progress lines, every train.log_interval steps
-    Interval record;         ///< metrics.jsonl records, every train.metrics_interval steps
-  };
-  Progress progress_;
-  std::optional<MetricsWriter> metrics_;  ///< rank 0: run_dir/metrics.jsonl
+  std::optional<MetricsProcessor> metrics_;  ///< intervals, metrics.jsonl and the progress line (from run())
 };
 
 }  // namespace pi0::train

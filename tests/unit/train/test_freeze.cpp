@@ -10,6 +10,7 @@
 #include "pi0/model/pi0.h"
 #include "pi0/common/strings.h"
 #include "pi0/train/freeze.h"
+#include "pi0/train/placement.h"
 
 using namespace pi0;
 using namespace pi0::train;

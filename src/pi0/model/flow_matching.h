@@ -1,0 +1,23 @@
+// The draws of flow-matching training (openpi-reference.md, "flow matching"): Gaussian noise and the time at which
+// x_t = t·noise + (1 − t)·actions is taken. The one place time is sampled: the model's compute_loss (when no time is
+// given) and the trainer (which draws from its own checkpointed generator) both call sample_flow_time, so the
+// distribution cannot drift between them. Training-time real-time chunking extends it with per-token times.
+#pragma once
+#include <cstdint>
+#include <optional>
+
+#include <torch/torch.h>
+
+namespace pi0::model {
+
+/// Times t = Beta(1.5, 1)·0.999 + 0.001, in [0.001, 1): openpi's schedule, which leans towards t = 1 (pure
+/// noise). Drawn by inversion: Beta(1.5, 1) has CDF t^1.5, so t = U^(1/1.5) for U uniform in [0, 1). `n` uniforms
+/// are drawn (from `generator` when given — the trainer's, saved with checkpoints — else from the default generator
+/// of `options`' device) and rows [first, first + count) of them are returned (count -1: all): a data-parallel
+/// rank draws the global batch's times and keeps its slice, so its values do not depend on the world size. The
+/// slice is taken before the transform, so each row's value is computed the same way whatever the world size.
+torch::Tensor sample_flow_time(int64_t n, const torch::TensorOptions& options,
+                               const std::optional<at::Generator>& generator = std::nullopt, int64_t first = 0,
+                               int64_t count = -1);
+
+}  // namespace pi0::model

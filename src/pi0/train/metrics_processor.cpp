@@ -1,0 +1,101 @@
+#include "pi0/train/metrics_processor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+namespace pi0::train {
+
+using Clock = std::chrono::steady_clock;
+
+MetricsProcessor::MetricsProcessor(const config::TrainConfig& train, int64_t rank, int64_t world_size,
+                                   std::shared_ptr<distributed::ProcessGroup> pg,
+                                   const distributed::GradReducerStats* comm)
+    : log_interval_(train.log_interval),
+      record_interval_(train.metrics_interval > 0 ? train.metrics_interval : train.log_interval),
+      num_steps_(train.num_steps),
+      global_batch_(train.batch_size),
+      rank_(rank),
+      world_size_(world_size),
+      pg_(std::move(pg)),
+      comm_(comm) {}
+
+std::string MetricsProcessor::format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", static_cast<long>(s / 3600), static_cast<long>((s % 3600) / 60));
+  } else {
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", static_cast<long>(s / 60), static_cast<long>(s % 60));
+  }
+  return buf;
+}
+
+MetricsProcessor::Interval MetricsProcessor::fresh_interval() const {
+  Interval iv;
+  if (comm_) iv.comm_start = *comm_;
+  return iv;
+}
+
+void MetricsProcessor::start(int64_t step, const std::string& metrics_path) {
+  log_ = fresh_interval();
+  record_ = fresh_interval();
+  if (rank_ == 0) writer_.emplace(metrics_path, step + 1);
+}
+
+std::map<std::string, double> MetricsProcessor::close(Interval& iv, double lr, double grad_norm) {
+  double mean_loss = iv.loss / static_cast<double>(iv.steps);
+  if (pg_) {  // the logged loss is the mean over ranks
+    auto l = torch::tensor({mean_loss}, torch::kFloat64);
+    pg_->all_reduce_sum(l, "loss logging");
+    mean_loss = l.item<double>() / static_cast<double>(world_size_);
+  }
+  const double elapsed = std::chrono::duration<double>(Clock::now() - iv.start).count();
+  const double step_time = elapsed / static_cast<double>(iv.steps);
+  const double step_cpu = (thread_cpu_seconds() - iv.cpu_start) / static_cast<double>(iv.steps);
+  std::map<std::string, double> record = {{"loss", mean_loss},
+                                          {"grad_norm", grad_norm},
+                                          {"lr", lr},
+                                          {"samples_per_s", static_cast<double>(global_batch_) / step_time},
+                                          {"step_time_s", step_time},
+                                          {"step_cpu_s", step_cpu}};
+  if (comm_) {
+    // Per step: the gradient all-reduce span (first bucket launched → last done) and the part of it backward
+    // did not hide (time in wait()).
+    const auto& c = *comm_;
+    const double n = static_cast<double>(std::max<int64_t>(c.steps - iv.comm_start.steps, 1));
+    record["comm_s"] = (c.comm_seconds - iv.comm_start.comm_seconds) / n;
+    record["comm_exposed_s"] = (c.wait_seconds - iv.comm_start.wait_seconds) / n;
+  }
+  iv = fresh_interval();
+  return record;
+}
+
+void MetricsProcessor::log(int64_t step, double loss, double grad_norm, double lr) {
+  for (Interval* iv : {&log_, &record_}) iv->loss += loss, ++iv->steps;
+  const bool last = step == num_steps_;
+  std::optional<std::map<std::string, double>> record;
+  if (step % record_interval_ == 0 || last) {
+    record = close(record_, lr, grad_norm);
+    if (rank_ == 0) writer_->write(step, *record);
+  }
+  if (step % log_interval_ != 0 && !last) return;
+  // With equal intervals the progress line shows the record just written (one collective, not two).
+  const auto line = record_interval_ == log_interval_ ? *record : close(log_, lr, grad_norm);
+  if (record_interval_ == log_interval_) log_ = fresh_interval();
+  if (rank_ != 0) return;
+  // Slow runs (a full-size model on a CPU) read better in seconds per step than in "0.0 samples/s".
+  const double samples_per_s = line.at("samples_per_s"), step_time = line.at("step_time_s");
+  char speed[48];
+  if (samples_per_s < 0.1) std::snprintf(speed, sizeof speed, "%.1f s/step", step_time);
+  else std::snprintf(speed, sizeof speed, "%.1f samples/s", samples_per_s);
+  spdlog::info("step {}/{} | loss {:.4f} | grad_norm {:.3f} | lr {:.2e} | {} | ETA {}", step, num_steps_,
+               line.at("loss"), grad_norm, lr, speed,
+               format_duration(step_time * static_cast<double>(num_steps_ - step)));
+}
+
+}  // namespace pi0::train

@@ -1,0 +1,62 @@
+// The training log's bookkeeping, kept out of the Trainer (torchtitan's MetricsProcessor plays the same part): the
+// log and metrics intervals, the means over them (over ranks too), metrics.jsonl and the progress line. The
+// Trainer hands it each completed step; it decides when to log and what. Validation adds its values here.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "pi0/common/threads.h"
+#include "pi0/config/config.h"
+#include "pi0/distributed/grad_reducer.h"
+#include "pi0/distributed/process_group.h"
+#include "pi0/train/metrics.h"
+
+namespace pi0::train {
+
+class MetricsProcessor {
+ public:
+  /// train.log_interval, metrics_interval, num_steps and batch_size from `train`; `pg` null in single-process runs;
+  /// `comm` the gradient reducer's statistics (null when there is no reducer), read at each interval's end.
+  MetricsProcessor(const config::TrainConfig& train, int64_t rank, int64_t world_size,
+                   std::shared_ptr<distributed::ProcessGroup> pg, const distributed::GradReducerStats* comm);
+
+  /// The run continues after `step` (0, or the step resumed from): the intervals start now. Rank 0 appends to
+  /// `metrics_path` (run_dir/metrics.jsonl), dropping the records of steps after `step` (an interrupted run's).
+  void start(int64_t step, const std::string& metrics_path);
+
+  /// A completed (not skipped) optimizer step: added to the intervals. A metrics.jsonl record every
+  /// train.metrics_interval steps and a progress line every train.log_interval steps (and both at the last step),
+  /// each the mean over its own interval. Collective when data-parallel: every rank calls it for the same steps.
+  void log(int64_t step, double loss, double grad_norm, double lr);
+
+  /// "1h02m" / "3m05s"; "?" for a negative or non-finite time.
+  static std::string format_duration(double seconds);
+
+ private:
+  /// A log or metrics interval under way: its start (wall and training-thread CPU time), summed loss, completed
+  /// steps and the reducer's statistics at its start.
+  struct Interval {
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    double cpu_start = thread_cpu_seconds();
+    double loss = 0;
+    int64_t steps = 0;
+    distributed::GradReducerStats comm_start;
+  };
+  /// The interval's record (mean loss over ranks, speed, communication); starts the next interval. Collective.
+  std::map<std::string, double> close(Interval& iv, double lr, double grad_norm);
+  Interval fresh_interval() const;
+
+  int64_t log_interval_, record_interval_, num_steps_, global_batch_;
+  int64_t rank_, world_size_;
+  std::shared_ptr<distributed::ProcessGroup> pg_;
+  const distributed::GradReducerStats* comm_;
+  Interval log_;     ///< progress lines, every train.log_interval steps
+  Interval record_;  ///< metrics.jsonl records, every train.metrics_interval steps
+  std::optional<MetricsWriter> writer_;  ///< rank 0: run_dir/metrics.jsonl
+};
+
+}  // namespace pi0::train

@@ -1,0 +1,213 @@
+#include "pi0/train/placement.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "pi0/common/check.h"
+#include "pi0/common/strings.h"
+#include "pi0/model/model_config.h"
+#include "pi0/model/pi0.h"
+#include "pi0/train/freeze.h"
+
+namespace pi0::train {
+
+namespace {
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+// Whether a parameter is one nn::Dense casts to the compute dtype (and caches): every layer weight, bias and
+// LoRA factor, including the adaRMS modulation (`...layernorm.dense.weight`), but not norm scales (applied in
+// float32), embedding tables (looked up, not cast) or the SigLIP patch convolution.
+bool casts_in_layers(const std::string& name) {
+  const auto dot = name.rfind('.');
+  if (dot == std::string::npos) return false;
+  const auto module_end = dot;
+  const auto module_begin = name.rfind('.', module_end - 1);
+  const auto module = name.substr(module_begin == std::string::npos ? 0 : module_begin + 1,
+                                  module_end - (module_begin == std::string::npos ? 0 : module_begin + 1));
+  return module.find("norm") == std::string::npos && module.find("embed") == std::string::npos &&
+         module != "lm_head";
+}
+
+nlohmann::json stats_json(const ComponentStats& s) {
+  return {{"total", s.total},
+          {"trainable", s.trainable},
+          {"frozen", s.frozen},
+          {"trainable_percent", s.trainable_percent()},
+          {"weight_bytes", s.weight_bytes},
+          {"grad_bytes", s.grad_bytes},
+          {"optimizer_bytes", s.optimizer_bytes},
+          {"ema_bytes", s.ema_bytes},
+          {"cast_bytes", s.cast_bytes},
+          {"memory_bytes", s.memory_bytes()}};
+}
+
+}  // namespace
+
+const std::vector<std::string>& precision_modes() {
+  static const std::vector<std::string> modes = {"float32", "bf16-mixed", "bf16"};
+  return modes;
+}
+
+std::vector<bool> PlacementTable::trainable_mask() const {
+  std::vector<bool> mask;
+  mask.reserve(params.size());
+  for (const auto& p : params) mask.push_back(p.trainable);
+  return mask;
+}
+
+PlacementTable make_placement(const std::vector<model::ParamSpec>& layout, const std::vector<bool>& trainable,
+                              const std::string& precision, bool ema, bool cast_cache) {
+  const auto& modes = precision_modes();
+  if (std::find(modes.begin(), modes.end(), precision) == modes.end()) {
+    std::string valid;
+    for (const auto& m : modes) valid += (valid.empty() ? "" : ", ") + m;
+    std::string msg = "precision '" + precision + "' is unknown; valid: " + valid;
+    const auto guess = did_you_mean(precision, modes);
+    if (!guess.empty()) msg += " (did you mean '" + guess + "'?)";
+    throw UserError(msg);
+  }
+  PI0_CHECK(trainable.size() == layout.size(), "make_placement: mask has ", trainable.size(), " entries for ",
+            layout.size(), " parameters");
+  PlacementTable table;
+  table.precision = precision;
+  table.ema = ema;
+  const bool any_bf16 = precision != "float32";
+  table.compute = any_bf16 ? torch::kBFloat16 : torch::kFloat32;
+  table.buffers = precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+  table.params.reserve(layout.size());
+  for (size_t i = 0; i < layout.size(); ++i) {
+    ParamPlacement p;
+    p.name = layout[i].name;
+    p.numel = layout[i].numel();
+    p.trainable = trainable[i];
+    // float32 master weights for what trains under bf16-mixed; everything else in the compute dtype.
+    p.storage = precision == "bf16" || (precision == "bf16-mixed" && !p.trainable) ? torch::kBFloat16
+                                                                                     : torch::kFloat32;
+    p.compute = table.compute;
+    p.cast_cached = cast_cache && p.trainable && p.storage != p.compute && casts_in_layers(p.name);
+    table.params.push_back(std::move(p));
+  }
+  return table;
+}
+
+PlacementTable make_placement(const config::Config& cfg) {
+  const auto layout = model::parameter_layout(model::options_from_config(cfg.model));
+  const auto& t = cfg.train;
+  return make_placement(layout, trainable_mask(names_of(layout), t.freeze, t.trainable_include, t.trainable_exclude),
+                        t.precision, t.ema_decay > 0, t.weight_cast_cache);
+}
+
+void apply_placement(model::Pi0Impl& model, const PlacementTable& table, bool weights_from_file) {
+  torch::NoGradGuard no_grad;
+  auto named = model.named_parameters();
+  PI0_CHECK(named.size() == table.params.size(), "apply_placement: the model has ", named.size(),
+            " parameters, the placement table ", table.params.size());
+  size_t i = 0;
+  for (auto& item : named) {
+    const auto& place = table.params[i++];
+    PI0_CHECK(item.key() == place.name, "apply_placement: parameter ", i - 1, " is '", item.key(),
+              "', the placement table says '", place.name, "'");
+    auto& p = item.value();
+    p.set_requires_grad(place.trainable);
+    if (p.scalar_type() != place.storage) {
+      const bool drawn = !weights_from_file || place.name.find(".lora_") != std::string::npos;
+      p.set_data(drawn ? p.data().to(place.storage) : torch::empty(p.sizes(), p.options().dtype(place.storage)));
+    }
+  }
+  for (auto& b : model.buffers()) {
+    if (b.is_floating_point() && b.scalar_type() != table.buffers) b.set_data(b.data().to(table.buffers));
+  }
+  model.set_compute_dtype(table.compute);
+}
+
+ParamBreakdown breakdown(const PlacementTable& table) {
+  ParamBreakdown b;
+  b.precision = table.precision;
+  b.ema = table.ema;
+  for (const auto& c : model::kComponents) b.components.push_back(ComponentStats{c});
+  b.total.name = "total";
+  for (const auto& p : table.params) {
+    const auto c = model::component_of(p.name);
+    auto it = std::find(model::kComponents.begin(), model::kComponents.end(), c);
+    PI0_CHECK(it != model::kComponents.end(), "breakdown: unknown component ", c);
+    for (ComponentStats* s : {&b.components[it - model::kComponents.begin()], &b.total}) {
+      s->total += p.numel;
+      (p.trainable ? s->trainable : s->frozen) += p.numel;
+      s->weight_bytes += p.weight_bytes();
+      s->grad_bytes += p.grad_bytes();
+      s->optimizer_bytes += p.optimizer_bytes();
+      if (table.ema) s->ema_bytes += p.ema_bytes();
+      s->cast_bytes += p.cast_bytes();
+    }
+  }
+  return b;
+}
+
+ParamBreakdown breakdown(const std::vector<model::ParamSpec>& layout, const std::vector<bool>& trainable,
+                         const std::string& precision, bool ema) {
+  return breakdown(make_placement(layout, trainable, precision, ema, /*cast_cache=*/true));
+}
+
+std::string with_thousands(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
+}
+
+std::string format_breakdown(const ParamBreakdown& b) {
+  const std::vector<std::string> header = {"component", "total", "trainable", "frozen", "trainable %", "weights",
+                                           "grads",     "optimizer", "ema", "casts", "memory"};
+  std::vector<std::vector<std::string>> rows = {header};
+  auto row = [](const ComponentStats& s) {
+    char pct[16];
+    std::snprintf(pct, sizeof pct, "%.1f%%", s.trainable_percent());
+    return std::vector<std::string>{s.name,           with_thousands(s.total), with_thousands(s.trainable),
+                                    with_thousands(s.frozen), pct, gib(s.weight_bytes), gib(s.grad_bytes),
+                                    gib(s.optimizer_bytes),   gib(s.ema_bytes),       gib(s.cast_bytes),
+                                    gib(s.memory_bytes())};
+  };
+  for (const auto& s : b.components) rows.push_back(row(s));
+  rows.push_back(row(b.total));
+  std::vector<size_t> width(header.size(), 0);
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  std::ostringstream os;
+  // "memory" is defined here once for every place that quotes it (README, docs, --print-params, the training log):
+  // what stays allocated from one step to the next. Activations come and go within a step; planned separately.
+  os << "parameters and persistent training memory (precision " << b.precision << ", EMA "
+     << (b.ema ? "on" : "off") << "): memory = weights + grads + optimizer + ema + casts, held between steps; "
+     << "activations not included\n";
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (r + 1 == rows.size()) {
+      size_t line = 0;
+      for (auto w : width) line += w + 2;
+      os << std::string(line - 2, '-') << "\n";
+    }
+    for (size_t c = 0; c < rows[r].size(); ++c) {
+      const auto& cell = rows[r][c];
+      const std::string pad(width[c] - cell.size(), ' ');
+      os << (c == 0 ? cell + pad : pad + cell) << (c + 1 < rows[r].size() ? "  " : "\n");
+    }
+  }
+  return os.str();
+}
+
+nlohmann::json breakdown_json(const ParamBreakdown& b) {
+  nlohmann::json j;
+  j["precision"] = b.precision;
+  j["ema"] = b.ema;
+  j["total"] = stats_json(b.total);
+  for (const auto& s : b.components) j[s.name] = stats_json(s);
+  return j;
+}
+
+}  // namespace pi0::train

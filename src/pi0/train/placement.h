@@ -1,0 +1,128 @@
+// Where each parameter lives and in which dtype: the one rule the trainer builds its model from (apply_placement)
+// and the memory plan counts from (breakdown, plan_rank_memory), so the plan and the allocation cannot drift
+// apart. A placement table holds, per parameter in registration order: whether it trains (the freeze preset,
+// freeze.h), its storage dtype, the dtype its operations compute in, whether a compute-dtype copy is kept between
+// forwards, and where its storage lives. Everything is derived from names and shapes, so a full-size table costs
+// nothing (model::parameter_layout) and `pi0-train --print-params` reports what a run would allocate.
+//
+// The rule, by train.precision (bytes per element):
+//   precision   | trainable storage | frozen storage | grad | AdamW moments | cast cache     | compute
+//   "float32"   | f32 (4)           | f32 (4)        | 4    | 2 × 4         | —              | f32
+//   "bf16-mixed"| f32 master (4)    | bf16 (2)       | 4    | 2 × 4         | bf16 (2) [1]   | bf16
+//   "bf16"      | bf16 (2)          | bf16 (2)       | 2    | 2 × 2         | —              | bf16
+// Gradients and AdamW's moments take the parameter's storage dtype; the EMA is float32 (4) for what trains
+// (averaging frozen weights gives the weights themselves). Frozen weights only feed bf16 matmuls under bf16-mixed,
+// so they are stored in bf16. [1] trainable layer weights only (not norm scales, embedding tables, lm_head),
+// and only with train.weight_cast_cache (nn::Dense keeps the copy from one forward to the next).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "pi0/config/config.h"
+#include "pi0/model/param_layout.h"
+
+namespace pi0::model {
+class Pi0Impl;
+}
+
+namespace pi0::train {
+
+/// Valid precision strings: "float32", "bf16-mixed", "bf16".
+const std::vector<std::string>& precision_modes();
+
+/// Where a tensor's storage lives. Today everything lives on the training device (train.device); optimizer
+/// offloading adds the host.
+enum class Residence { kDevice };
+
+/// One parameter's placement.
+struct ParamPlacement {
+  std::string name;   ///< state_dict key, e.g. "action_in_proj.weight"
+  int64_t numel = 0;  ///< elements
+  bool trainable = false;
+  torch::ScalarType storage = torch::kFloat32;  ///< the parameter's tensor (the master copy of what trains)
+  torch::ScalarType compute = torch::kFloat32;  ///< what its operations run in (bf16 casts of float32 weights)
+  bool cast_cached = false;  ///< a compute-dtype copy is kept between forwards (nn::Dense's cast cache)
+  Residence residence = Residence::kDevice;  ///< the parameter, its gradient, AdamW moments and EMA
+
+  int64_t weight_bytes() const { return numel * static_cast<int64_t>(c10::elementSize(storage)); }
+  /// Gradient (same dtype as the storage); 0 when frozen.
+  int64_t grad_bytes() const { return trainable ? weight_bytes() : 0; }
+  /// AdamW's exp_avg and exp_avg_sq (storage dtype); 0 when frozen.
+  int64_t optimizer_bytes() const { return 2 * grad_bytes(); }
+  /// Float32 EMA of a trainable parameter.
+  int64_t ema_bytes() const { return trainable ? 4 * numel : 0; }
+  int64_t cast_bytes() const { return cast_cached ? numel * static_cast<int64_t>(c10::elementSize(compute)) : 0; }
+};
+
+struct PlacementTable {
+  std::string precision;  ///< train.precision
+  bool ema = false;       ///< train.ema_decay > 0
+  torch::ScalarType compute = torch::kFloat32;  ///< the model's compute dtype (Pi0Impl::set_compute_dtype)
+  torch::ScalarType buffers = torch::kFloat32;  ///< the model's buffers (bf16 under "bf16")
+  std::vector<ParamPlacement> params;           ///< registration order (named_parameters())
+
+  /// The trainable flags, in registration order.
+  std::vector<bool> trainable_mask() const;
+};
+
+/// The rule applied to `layout` with its trainable flags. UserError for an unknown precision (lists the valid
+/// ones, suggests the closest); PI0_CHECK for a mask of the wrong length.
+PlacementTable make_placement(const std::vector<model::ParamSpec>& layout, const std::vector<bool>& trainable,
+                              const std::string& precision, bool ema, bool cast_cache);
+/// The table of a config: its model's layout (shapes only), train.freeze and its regexes, train.precision,
+/// train.ema_decay and train.weight_cast_cache. What the trainer builds and what --print-params counts.
+PlacementTable make_placement(const config::Config& cfg);
+
+/// Applies `table` to a built model (before its weights are loaded): requires_grad per the trainable flags, each
+/// parameter's storage dtype and the model's compute and buffer dtypes. `weights_from_file`: the parameters are
+/// uninitialized (resume, init_weights) and get new storage in their dtype instead of a conversion (never touched
+/// in float32); LoRA factors, never in a base file, are drawn and converted. The model's parameters must be the
+/// table's, in order (checked: the plan counts what is built).
+void apply_placement(model::Pi0Impl& model, const PlacementTable& table, bool weights_from_file);
+
+/// Counts and persistent training memory of one component (or of the whole model).
+struct ComponentStats {
+  std::string name;              ///< model::kComponents entry, or "total"
+  int64_t total = 0;             ///< parameters (elements)
+  int64_t trainable = 0;
+  int64_t frozen = 0;
+  int64_t weight_bytes = 0;      ///< parameter storage
+  int64_t grad_bytes = 0;        ///< gradients of trainable parameters
+  int64_t optimizer_bytes = 0;   ///< AdamW exp_avg + exp_avg_sq of trainable parameters
+  int64_t ema_bytes = 0;         ///< float32 EMA of trainable parameters (0 when EMA is off)
+  /// bf16 copies of trainable float32 layer weights (nn::Dense's cast cache, bf16-mixed only): kept from one
+  /// forward to the next, so persistent too
+  int64_t cast_bytes = 0;
+  double trainable_percent() const { return total > 0 ? 100.0 * static_cast<double>(trainable) / total : 0.0; }
+  int64_t memory_bytes() const { return weight_bytes + grad_bytes + optimizer_bytes + ema_bytes + cast_bytes; }
+};
+
+/// Breakdown per component in model::kComponents order plus the sum; activations are estimated separately
+/// (model/activation_memory.h).
+struct ParamBreakdown {
+  std::string precision;
+  bool ema = false;
+  std::vector<ComponentStats> components;  ///< one per model::kComponents entry (zeros when absent)
+  ComponentStats total;
+};
+
+/// The bytes of `table`, summed per component.
+ParamBreakdown breakdown(const PlacementTable& table);
+/// The same for `layout` and its mask under `precision`, with the cast cache on: breakdown(make_placement(...)).
+ParamBreakdown breakdown(const std::vector<model::ParamSpec>& layout, const std::vector<bool>& trainable,
+                         const std::string& precision, bool ema);
+
+/// Aligned text table, counts with thousands separators, memory in GiB.
+std::string format_breakdown(const ParamBreakdown& b);
+/// {"precision":…, "ema":…, "total":{…}, "vision":{…}, …}; each entry holds total, trainable, frozen,
+/// trainable_percent and the *_bytes fields.
+nlohmann::json breakdown_json(const ParamBreakdown& b);
+
+/// "3238048528" → "3,238,048,528".
+std::string with_thousands(int64_t n);
+
+}  // namespace pi0::train
