@@ -190,7 +190,7 @@ void Checkpointer::reject(const std::string& dir, const std::string& why) {
   }
 }
 
-void Checkpointer::resume(std::optional<std::string> dir, const TrainState& state) {
+void Checkpointer::resume(std::optional<std::string> dir, const CheckpointedState& state) {
   const auto& ck = cfg_.checkpoint;
   create_directories_or_throw(ck.run_dir, "checkpoint.run_dir");
   if (dir) {
@@ -218,7 +218,7 @@ void Checkpointer::open_run_dir() const {
   write_file_atomic(fs::path(ck.run_dir) / io::kConfigYamlFile, YAML::Dump(config::to_yaml(cfg_)) + "\n");
 }
 
-std::string Checkpointer::save(const TrainState& s) {
+std::string Checkpointer::save(const CheckpointedState& s) {
   const int64_t step = *s.step;
   const auto& ck = cfg_.checkpoint;
   const bool rank0 = rank_ == 0;
@@ -353,7 +353,7 @@ std::string Checkpointer::save(const TrainState& s) {
       if (item.key().find(".lora_") != std::string::npos) lora.emplace_back(item.key(), item.value());
     if (!lora.empty()) digests[io::kLoraFile] = io::save_safetensors((tmp / io::kLoraFile).string(), lora, meta);
     std::vector<std::pair<std::string, torch::Tensor>> rngs;
-    TrainerState state;
+    TrainerStateFile state;
     state.step = step;
     state.world_size = world_size_;
     state.nonfinite_skips = *s.nonfinite_skips;
@@ -388,9 +388,9 @@ std::string Checkpointer::save(const TrainState& s) {
   return final_dir;
 }
 
-void Checkpointer::restore(const std::string& dir, const TrainState& s) {
+void Checkpointer::restore(const std::string& dir, const CheckpointedState& s) {
   const fs::path d(dir);
-  const TrainerState state = read_trainer_state(dir);  // checked with check_resumable() by the constructor
+  const TrainerStateFile state = read_trainer_state(dir);  // checked with check_resumable() by the constructor
   const auto t0 = Clock::now();
   // Every byte is verified (checksums, finiteness) on other threads while the files load: the verification reads
   // the same pages the load does, so on a machine with a spare core it adds little to the resume time.

@@ -1,5 +1,5 @@
 // The trainer's checkpoints: what goes into run_dir/checkpoints/<step>/ and how it comes back. The Trainer hands
-// a view of its state (TrainState) to the Checkpointer, which saves it (every rank's RNG and loader position,
+// a view of its state (CheckpointedState) to the Checkpointer, which saves it (every rank's RNG and loader position,
 // model, AdamW, EMA, per-rank pieces under dist.shard, manifest last), picks the newest checkpoint that verifies at
 // --resume, restores it while its contents are verified on other threads, and rejects (never deletes) one that
 // does not verify. Directories (temporary, COMPLETE marker, atomic rename, pruning): io/checkpoint_dir.h; file
@@ -26,7 +26,7 @@ namespace pi0::train {
 
 /// The checkpointed state of a trainer, by reference: save() reads it, restore writes into it. Everything is
 /// owned by the Trainer; the pointers may be null where noted.
-struct TrainState {
+struct CheckpointedState {
   model::Pi0Impl* model = nullptr;
   AdamW* optimizer = nullptr;
   Ema* ema = nullptr;  ///< null when train.ema_decay is 0
@@ -53,11 +53,11 @@ class Checkpointer {
   /// Restores `dir` (from check_run_dir) into `state`, falling back to older checkpoints while the chosen one
   /// turns out not to verify (checkpoint.resume_policy=newest_verified); with no `dir`, refuses a run dir that
   /// holds checkpoints. Creates the run dir.
-  void resume(std::optional<std::string> dir, const TrainState& state);
+  void resume(std::optional<std::string> dir, const CheckpointedState& state);
 
   /// Writes a checkpoint of `state` at its step (every rank calls it; rank 0 commits) and prunes old ones.
   /// Returns the checkpoint's path on rank 0, "" on the others.
-  std::string save(const TrainState& state);
+  std::string save(const CheckpointedState& state);
 
   /// The cheap checks of a complete checkpoint (no tensor data read): its files are present, trainer_state.json,
   /// manifest.json and every safetensors header agree on the directory's step, and the sizes match the manifest.
@@ -82,7 +82,7 @@ class Checkpointer {
  private:
   /// Loads the checkpoint while its contents are verified on other threads; throws UnusableCheckpoint if they do
   /// not verify (checksums, non-finite values, dtypes), any other UserError for a checkpoint this run cannot use.
-  void restore(const std::string& dir, const TrainState& state);
+  void restore(const std::string& dir, const CheckpointedState& state);
 
   config::Config cfg_;
   int64_t rank_ = 0;

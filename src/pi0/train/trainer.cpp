@@ -269,8 +269,8 @@ int64_t Trainer::run() {
   return step_;
 }
 
-TrainState Trainer::state() {
-  TrainState s;
+CheckpointedState Trainer::state() {
+  CheckpointedState s;
   s.model = model_.get();
   s.optimizer = optimizer_.get();
   s.ema = ema_.get();

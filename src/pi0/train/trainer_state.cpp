@@ -42,7 +42,7 @@ data::LoaderPosition read_position(const nlohmann::json& j, const std::string& f
 
 }  // namespace
 
-nlohmann::json to_json(const TrainerState& state) {
+nlohmann::json to_json(const TrainerStateFile& state) {
   nlohmann::json loaders = nlohmann::json::array();
   for (const auto& p : state.rank_loaders) loaders.push_back({{"epoch", p.epoch}, {"batch_index", p.batch_index}});
   return {{"step", state.step},
@@ -52,7 +52,7 @@ nlohmann::json to_json(const TrainerState& state) {
           {"rank_loaders", loaders}};
 }
 
-TrainerState read_trainer_state(const std::string& checkpoint_dir) {
+TrainerStateFile read_trainer_state(const std::string& checkpoint_dir) {
   const auto file = state_file(checkpoint_dir);
   std::ifstream in(file);
   if (!in) throw UserError(file + ": cannot be read (" + std::strerror(errno) + ")");
@@ -63,7 +63,7 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
     throw UserError(file + ": not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) throw UserError(file + ": expected a JSON object (got " + std::string(j.type_name()) + ")");
-  TrainerState s;
+  TrainerStateFile s;
   s.step = read_int(j, "step", "step", 0, file);
   s.world_size = read_int(j, "world_size", "world_size", 1, file, 1);
   s.nonfinite_skips = read_int(j, "nonfinite_skips", "nonfinite_skips", 0, file, 0);
@@ -83,7 +83,7 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
   return s;
 }
 
-void check_resumable(const TrainerState& state, const std::string& checkpoint_dir, int64_t world_size,
+void check_resumable(const TrainerStateFile& state, const std::string& checkpoint_dir, int64_t world_size,
                      int64_t batches_per_epoch) {
   const auto file = state_file(checkpoint_dir);
   if (state.world_size != world_size) {

@@ -13,7 +13,7 @@ using Catch::Contains;
 
 TEST_CASE("trainer_state.json round-trips and reads older single-process files", "[unit][train]") {
   testing::TempDir dir("pi0state");
-  TrainerState s;
+  TrainerStateFile s;
   s.step = 40;
   s.world_size = 2;
   s.nonfinite_skips = 1;
