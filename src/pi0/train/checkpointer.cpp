@@ -214,6 +214,12 @@ void Checkpointer::resume(std::optional<std::string> dir, const CheckpointedStat
 
 void Checkpointer::open_run_dir() const {
   const auto& ck = cfg_.checkpoint;
+  // A process killed while rotation deleted a checkpoint left it renamed to .deleting_<step>: finish the job.
+  if (const auto finished = io::finish_interrupted_deletions(ck.run_dir); !finished.empty()) {
+    std::string names;
+    for (const auto& n : finished) names += (names.empty() ? "" : ", ") + n;
+    spdlog::info("removed {} checkpoint(s) whose deletion an earlier run did not finish: {}", finished.size(), names);
+  }
   io::remove_stale_temp_checkpoints(ck.run_dir);
   write_file_atomic(fs::path(ck.run_dir) / io::kConfigYamlFile, YAML::Dump(config::to_yaml(cfg_)) + "\n");
 }
