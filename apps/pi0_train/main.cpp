@@ -133,6 +133,7 @@ int train_main(int argc, char** argv) {
   spdlog::info("{} (train.num_threads {})", pi0::set_num_threads(static_cast<int>(cfg.train.num_threads)).describe(),
                cfg.train.num_threads);
   try {
+    pi0::test_pause_until_interrupt("train_startup");  // tests only (docs/testing.md): a stop before the Trainer's build
     pi0::train::Trainer trainer(cfg, run);
     trainer.run();
   } catch (const pi0::Interrupted&) {

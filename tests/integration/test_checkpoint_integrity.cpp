@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -133,6 +134,39 @@ TEST_CASE("resume: a checkpoint this run cannot continue (another batch size) fa
   CHECK_THAT(log.text(), Contains("checkpoint " + ck + "/6 does not verify and is skipped (left untouched)") &&
                              Contains("batch_index") && Contains("train.batch_size changed"));
   CHECK(testing::read_bytes(state) == text);
+}
+
+// Issue 32 item 4: the check that this run can continue a checkpoint (world size, epoch length, batch size) ran on
+// the first checkpoint picked only. When that one turned out unusable at load (here a flipped bit, found by the
+// checksums read alongside the load), the fallback was restored unchecked: step 3, whose loader position lies
+// beyond this run's epoch, was loaded and stopped the run with an internal "bad loader position" error.
+TEST_CASE("resume: a fallback past a checkpoint found unusable at load is checked against this run too",
+          "[integration][train][checkpoint]") {
+  const auto& f = finished();
+  const auto ck = f.copy("fallback_checked");
+  testing::flip_data_bit(ck + "/6/model.safetensors", "action_in_proj.weight");
+  const auto state = ck + "/3/trainer_state.json";
+  std::string text = testing::read_bytes(state);
+  for (auto at = text.find("\"batch_index\": "); at != std::string::npos; at = text.find("\"batch_index\": ", at + 1))
+    text.replace(at, text.find_first_of(",\n}", at) - at, "\"batch_index\": 999");
+  testing::write_bytes(state, text);
+  io::write_manifest(ck + "/3", 3, {});  // its contents verify: only this run's settings rule it out
+  testing::LogCapture log;
+  std::string error;
+  try {
+    f.resume("fallback_checked", 6);
+  } catch (const UserError& e) {
+    error = e.what();
+  }
+  INFO(log.text());
+  CHECK_THAT(error, Contains("none of its 2 complete checkpoints verifies") && Contains(ck + "/6/model.safetensors"));
+  CHECK(std::count(error.begin(), error.end(), '\n') == 0);
+  CHECK_THAT(log.text(), Contains("checkpoint " + ck + "/6 does not verify and is skipped") &&
+                             Contains("checkpoint " + ck + "/3 does not verify and is skipped (left untouched): " +
+                                      state + ": field 'rank_loaders[0].batch_index' is 999 but an epoch now has"));
+  CHECK_THAT(log.text(), !Contains("falling back to " + ck + "/3"));
+  // Strict mode stops at the first one, naming it.
+  CHECK_THAT(f.strict_error("fallback_checked"), Contains(ck + "/6") && Contains("not falling back"));
 }
 
 TEST_CASE("resume: a newest checkpoint that is a symlink loop is skipped with a warning, not a 'status:' error",

@@ -24,11 +24,13 @@
 #include "pi0/data/norm_stats.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/io/checkpoint_dir.h"
+#include "pi0/train/data_setup.h"
 #include "pi0/train/metrics.h"
 #include "pi0/train/signals.h"
 #include "pi0/train/trainer_state.h"
 #include "pi0/train/trainer.h"
 #include "support/app_process.h"
+#include "support/log_capture.h"
 #include "support/test_support.h"
 #include "support/tiny_run.h"
 
@@ -84,6 +86,57 @@ TEST_CASE("resume continues bit-identically (losses, weights, EMA, optimizer)", 
   CHECK(equal_maps(io::read_safetensors(ck_a + "ema.safetensors"), io::read_safetensors(ck_b + "ema.safetensors")));
   CHECK(equal_maps(io::read_safetensors(ck_a + "optimizer.safetensors"), io::read_safetensors(ck_b + "optimizer.safetensors")));
   CHECK(a.front() != a.back());  // training did something
+}
+
+// Issue 32 item 4: a resume with another train.batch_size kept the checkpoint's batch index: 2 steps at batch 4 (the
+// epoch's samples 0-7) resumed at batch 8 from batch 2, i.e. sample 16, and samples 8-15 were never read. Now the run
+// continues at the same sample, and a checkpoint whose sample no batch of the new size starts at is passed over
+// with the reason (strict mode: refused).
+TEST_CASE("resume with another train.batch_size continues at the same sample of the epoch", "[integration][train][checkpoint]") {
+  TinyRun run;
+  {
+    train::Trainer t(run.config("run", {"train.batch_size=4", "train.num_steps=3", "checkpoint.save_interval=1",
+                                        "checkpoint.keep_last=3"}));
+    REQUIRE(t.run() == 3);
+  }
+  const auto ck = run.dir.str("run") + "/checkpoints";
+  const std::vector<std::string> batch8 = {"train.batch_size=8", "train.num_steps=4", "checkpoint.save_interval=1",
+                                           "checkpoint.keep_last=5"};
+  train::RunOptions resume;
+  resume.resume = true;
+  // Step 3 stopped at sample 12 of epoch 0, which no batch of 8 starts at.
+  const std::string why = ck + "/3/trainer_state.json: the run stopped at sample 12 of epoch 0 ('rank_loaders[0]'), "
+                          "which no batch of 8 samples starts at (train.batch_size changed 4 → 8)";
+  {
+    auto strict = batch8;
+    strict.push_back("checkpoint.resume_policy=strict");
+    CHECK_THROWS_WITH(train::Trainer(run.config("run", strict), resume), Contains(why) && Contains("not falling back"));
+  }
+  testing::LogCapture log;
+  train::Trainer t(run.config("run", batch8), resume);
+  CHECK(t.run() == 4);
+  INFO(log.text());
+  CHECK_THAT(log.text(), Contains("checkpoint " + ck + "/3 does not verify and is skipped (left untouched): " + why));
+  CHECK_THAT(log.text(), Contains("train.batch_size changed 4 → 8: continuing at sample 8 of epoch 0 (batch 1)"));
+  CHECK_THAT(log.text(), Contains("resumed from " + ck + "/2 at step 2 (loader epoch 0, batch 1)"));
+  // The resumed steps 3 and 4 read batches 1 and 2 of 8 samples; its step-4 checkpoint stands at batch 3.
+  const auto state = train::read_trainer_state(ck + "/4");
+  CHECK((state.rank_loaders == std::vector<data::LoaderPosition>{{0, 3}}));
+  CHECK(state.global_batch_size == 8);
+  CHECK(state.grad_accum_steps == 1);
+  // Which samples those are, from the loader's deterministic order: the first run's two steps at batch 4 and the
+  // resumed two at batch 8 read the epoch's first 24 samples, each once, as 6 steps at batch 4 would.
+  auto samples = [&](int64_t batch_size, std::vector<int64_t> batches) {
+    const auto cfg = run.config("x", {"train.batch_size=" + std::to_string(batch_size)});
+    const auto p = train::make_data_pipeline(cfg, batch_size, 0, 1);
+    std::vector<int64_t> out;
+    for (const int64_t b : batches)
+      for (const int64_t i : p.loader->batch_indices({0, b})) out.push_back(i);
+    return out;
+  };
+  auto read = samples(4, {0, 1});
+  for (const int64_t i : samples(8, {1, 2})) read.push_back(i);
+  CHECK(read == samples(4, {0, 1, 2, 3, 4, 5}));
 }
 
 TEST_CASE("final_checkpoint=false: periodic checkpoints only, none after the last step (benchmarks)",

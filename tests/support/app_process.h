@@ -73,6 +73,22 @@ inline std::optional<std::string> permission_checked_prefix() {
   return std::nullopt;
 }
 
+/// While alive, the apps this test starts wait at start-up point `point` until they get a stop signal
+/// (PI0_TEST_PAUSE, test_pause_until_interrupt in pi0/common/interrupt.h; docs/testing.md), so a test of a stop
+/// during start-up sends its signal while the app is provably there, however fast or loaded the machine.
+class TestPause {
+ public:
+  explicit TestPause(const std::string& point) : point_(point) { ::setenv("PI0_TEST_PAUSE", point.c_str(), 1); }
+  ~TestPause() { ::unsetenv("PI0_TEST_PAUSE"); }
+  TestPause(const TestPause&) = delete;
+  TestPause& operator=(const TestPause&) = delete;
+  /// What the app prints on stderr once it waits there.
+  std::string paused_line() const { return "PI0_TEST_PAUSE: paused at " + point_; }
+
+ private:
+  std::string point_;
+};
+
 /// Exit code 2 and exactly one stderr line "<app>: error: ..." containing `text`; nothing about a stack trace.
 inline void check_user_error(const AppResult& r, const std::string& app, const std::string& text) {
   INFO("stdout: " << r.out);

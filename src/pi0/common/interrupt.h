@@ -21,4 +21,10 @@ bool interrupt_requested() noexcept;
 /// Throws Interrupted when the flag is set.
 void interruption_point();
 
+/// Test-only (docs/testing.md): when the environment variable PI0_TEST_PAUSE equals `point` (e.g. "bundle_load"),
+/// prints "PI0_TEST_PAUSE: paused at <point> until a stop signal" to stderr and waits until a stop is requested (60 s
+/// at most), so that a test of a stop during start-up sends its signal while the process provably is at `point`,
+/// however fast the machine. Does nothing otherwise.
+void test_pause_until_interrupt(const char* point);
+
 }  // namespace pi0

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/interrupt.h"
 #include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/common/strings.h"
@@ -396,6 +397,8 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
     b.model->set_compute_dtype(torch::kBFloat16);
   }
   b.dtype = dtype;
+  // Tests only (docs/testing.md): held here until a stop arrives, which load_model_weights then acts on.
+  test_pause_until_interrupt("bundle_load");
   load_model_weights(*b.model, (d / kModelFile).string());
   b.model->eval();
   return b;

@@ -61,16 +61,35 @@ void rename_or_throw(const fs::path& from, const fs::path& to) {
   if (ec) throw UserError("cannot rename '" + from.string() + "' to '" + to.string() + "': " + ec.message());
 }
 
+DeletionFaultHook g_deletion_fault_hook;
+
+void deletion_point(DeletionPoint point) {
+  if (g_deletion_fault_hook) g_deletion_fault_hook(point);
+}
+
+// Deletes checkpoint `dir` so that a crash at any point leaves either the complete checkpoint or a directory that
+// is recognisably ours to remove: <step>/ is first renamed (atomically) to .deleting_<step>/, which the next start
+// removes (finish_interrupted_deletions). Removing COMPLETE first, as before, left a <step>/ without the marker that
+// nothing would ever remove, since such a directory may be foreign.
 void remove_checkpoint(const fs::path& dir) {
+  const fs::path doomed = dir.parent_path() / (kDeletingPrefix + dir.filename().string());
   std::error_code ec;
-  // A checkpoint that is a link (to a copy kept elsewhere) loses only the link: nothing it points to is touched.
-  if (!fs::is_symlink(dir)) {
-    // The marker goes first (and reaches the disk), so a crash mid-deletion leaves an incomplete checkpoint.
-    fs::remove(dir / kCompleteMarker, ec);
-    if (!ec) fsync_path(dir, true);
+  deletion_point(DeletionPoint::kBeforeRename);
+  fs::remove_all(doomed, ec);  // a leftover of the same name (a removal that failed earlier in this run)
+  rename_or_throw(dir, doomed);
+  deletion_point(DeletionPoint::kRenamed);
+  fsync_path(dir.parent_path(), true);  // the rename reaches the disk before any file goes
+  deletion_point(DeletionPoint::kRenameSynced);
+  // A checkpoint that is a link (to a copy kept elsewhere) loses only the link: remove_all never follows one.
+  if (!fs::is_symlink(doomed)) {
+    for (const auto& e : fs::directory_iterator(doomed)) {
+      fs::remove_all(e.path(), ec);
+      if (ec) break;
+      deletion_point(DeletionPoint::kPartlyRemoved);
+    }
   }
-  fs::remove_all(dir, ec);
-  if (ec) throw UserError("cannot delete checkpoint '" + dir.string() + "': " + ec.message());
+  if (!ec) fs::remove_all(doomed, ec);
+  if (ec) throw UserError("cannot delete checkpoint '" + doomed.string() + "': " + ec.message());
 }
 
 }  // namespace
@@ -182,6 +201,28 @@ std::string set_aside_checkpoint(const std::string& run_dir, int64_t step) {
   fsync_path(from.parent_path(), true);
   return to.string();
 }
+
+std::vector<std::string> finish_interrupted_deletions(const std::string& run_dir) {
+  std::vector<std::string> removed;
+  const fs::path dir(checkpoints_dir(run_dir));
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto name = e.path().filename().string();
+    // Only what remove_checkpoint renamed: .deleting_ followed by a step number.
+    if (name.rfind(kDeletingPrefix, 0) == 0 && all_digits(name.substr(std::strlen(kDeletingPrefix))))
+      removed.push_back(name);
+  }
+  std::sort(removed.begin(), removed.end());
+  for (const auto& name : removed) {
+    fs::remove_all(dir / name, ec);
+    if (ec) throw UserError("cannot delete '" + (dir / name).string() + "' (a checkpoint whose deletion was "
+                            "interrupted): " + ec.message());
+  }
+  return removed;
+}
+
+void set_deletion_fault_hook(DeletionFaultHook hook) { g_deletion_fault_hook = std::move(hook); }
 
 std::vector<std::string> remove_stale_temp_checkpoints(const std::string& run_dir) {
   std::vector<std::string> removed;

@@ -1,12 +1,14 @@
 // Crash-safe checkpoint directories inside a run directory:
 //   run_dir/checkpoints/.tmp_<step>_<pid>/   being written (ignored by everything else)
 //   run_dir/checkpoints/<step>/COMPLETE      a finished checkpoint; COMPLETE is written (and fsynced) last
+//   run_dir/checkpoints/.deleting_<step>/    being deleted by rotation (renamed first; the next start finishes it)
 // A checkpoint becomes visible only through a rename after all its files are on disk, so a crash at any point
 // leaves the previous complete checkpoint usable (the llm.c "DONE marker" scheme, plus an atomic rename).
 // This file handles directories only; what goes inside (model, optimizer, EMA, metadata) is the trainer's
 // Checkpointer's (train/checkpointer.h); the file names are in checkpoint_files.h.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -44,8 +46,8 @@ std::optional<std::pair<int64_t, std::string>> newest_complete_checkpoint(const 
 /// (keep_period <= 0: none kept for that reason); the newest complete one is always kept. Steps in `bad` (found
 /// not to verify) are neither deleted nor counted, and the newest step in `verified` is always kept, so rotation
 /// never leaves only checkpoints that fail verification. Incomplete numeric directories are left alone (they may be
-/// foreign). COMPLETE is removed before the files, so a crash mid-delete never leaves a complete-looking partial
-/// checkpoint. Returns the deleted steps.
+/// foreign). Each deletion first renames <step>/ to .deleting_<step>/ (atomic), so a crash mid-delete leaves either
+/// the whole checkpoint or a directory finish_interrupted_deletions() removes. Returns the deleted steps.
 std::vector<int64_t> prune_checkpoints(const std::string& run_dir, int64_t keep_last, int64_t keep_period,
                                        const std::set<int64_t>& bad = {}, const std::set<int64_t>& verified = {});
 
@@ -56,6 +58,21 @@ std::string checkpoint_path(const std::string& run_dir, int64_t step);
 /// step is committed, so it is never overwritten: renamed to <step>.unverified (or .unverified_<n>), which no
 /// resume, prune or temp clean-up touches. Returns the new path.
 std::string set_aside_checkpoint(const std::string& run_dir, int64_t step);
+
+/// Removes the .deleting_<step> directories of deletions a crash interrupted (prune_checkpoints). Returns their
+/// names, sorted. Nothing else is touched: a numeric directory without COMPLETE may be foreign and stays.
+std::vector<std::string> finish_interrupted_deletions(const std::string& run_dir);
+
+/// Test-only: the points of a checkpoint deletion at which tests make the process die (a kill -9 there).
+enum class DeletionPoint {
+  kBeforeRename,   ///< nothing changed yet
+  kRenamed,        ///< <step>/ is .deleting_<step>/, the rename maybe not yet on disk
+  kRenameSynced,   ///< the rename is on disk, no file removed
+  kPartlyRemoved,  ///< after each entry of the checkpoint removed
+};
+using DeletionFaultHook = std::function<void(DeletionPoint)>;
+/// Test-only: `hook` is called at every DeletionPoint (an empty hook: none, the default).
+void set_deletion_fault_hook(DeletionFaultHook hook);
 
 /// Removes .tmp_* directories left by crashed writers (any pid other than this process). Returns their names.
 std::vector<std::string> remove_stale_temp_checkpoints(const std::string& run_dir);

@@ -21,5 +21,7 @@ inline constexpr const char* kNormStatsFile = "norm_stats.json";
 inline constexpr const char* kBaseRefFile = "base_weights.json";  ///< small checkpoints: the frozen base referenced
 inline constexpr const char* kManifestFile = "manifest.json";     ///< sizes and checksums of all the others
 inline constexpr const char* kCompleteMarker = "COMPLETE";        ///< written last: the checkpoint is complete
+/// A checkpoint being deleted by rotation: run_dir/checkpoints/.deleting_<step>/ (checkpoint_dir.h).
+inline constexpr const char* kDeletingPrefix = ".deleting_";
 
 }  // namespace pi0::io

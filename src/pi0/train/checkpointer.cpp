@@ -1,3 +1,21 @@
+// The Checkpointer (checkpointer.h): save, resume decision, restore.
+//
+// A checkpoint's files, by group (names: io/checkpoint_files.h; format: docs/formats.md). save() writes the groups
+// in this order, one helper each; restore() reads the groups a resume needs in the same order, with the mirror
+// helper, while the manifest's checksums are verified on other threads.
+//
+//   group            files                                            save                    restore
+//   model            model.safetensors, base_weights.json (small)     save_model              load_model
+//   optimizer        optimizer.safetensors | optimizer.rank<r>-of-<n>  save_optimizer          load_optimizer
+//   EMA (optional)   ema.safetensors | ema.rank<r>-of-<n>              save_ema                load_ema
+//   LoRA (optional)  lora.safetensors (for pi0-export)                save_lora               -
+//   progress         rng.safetensors, trainer_state.json              save_progress           load_progress
+//   config, assets   config.yaml, tokenizer.model, assets/<id>/...    save_config_and_assets  -
+//   manifest         manifest.json, written last                      io::write_manifest      io::verify_contents
+//
+// Then io::commit_checkpoint writes COMPLETE and renames the directory into place. Under dist.shard every rank
+// writes its own optimizer and EMA pieces (gather_sharded_digests); rank 0 writes everything else.
+
 #include "pi0/train/checkpointer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -38,6 +56,17 @@ class UnusableCheckpoint : public UserError {
 std::vector<std::pair<std::string, torch::Tensor>> to_vector(const std::map<std::string, torch::Tensor>& m) {
   return {m.begin(), m.end()};
 }
+
+int64_t step_of(const std::string& checkpoint_dir) { return std::stoll(fs::path(checkpoint_dir).filename().string()); }
+
+template <typename Map>
+void merge_into(Map& into, Map from) {
+  into.insert(std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
+}
+
+// The optimizer's moments, the EMA's averages: one entry per trainable parameter and suffix.
+const std::vector<std::string> kOptimizerSuffixes = {".exp_avg", ".exp_avg_sq"};
+const std::vector<std::string> kEmaSuffixes = {""};
 
 void write_file_atomic(const fs::path& path, const std::string& text) { pi0::write_file_atomic(path.string(), text); }
 
@@ -93,34 +122,50 @@ void Checkpointer::set_base(io::BaseWeightsRef ref, std::set<std::string> names)
   base_names_ = std::move(names);
 }
 
-std::optional<std::string> Checkpointer::check_run_dir(bool resume) {
+// ---- Resume: which checkpoint ----
+
+void Checkpointer::check_run_dir(bool resume) {
   const auto& ck = cfg_.checkpoint;
   check_writable_dir(ck.run_dir, "checkpoint.run_dir");
-  std::optional<std::string> dir;
-  if (resume) {
-    dir = pick(std::nullopt);
-    if (!dir && rank_ == 0)
-      spdlog::warn("--resume: no complete checkpoint in {}; starting from step 0", ck.run_dir);
-  } else if (auto steps = io::complete_checkpoints(ck.run_dir); !steps.empty()) {
+  if (resume) return;  // choose_resume() checks the checkpoint, once the data says how long an epoch is
+  if (auto steps = io::complete_checkpoints(ck.run_dir); !steps.empty()) {
     throw UserError("checkpoint.run_dir '" + ck.run_dir + "' already holds checkpoints (newest: step " +
                     std::to_string(steps.back()) + "); pass --resume to continue it, or choose another run_dir");
   }
-  if (dir) {
-    for (const auto& path : required_files(*dir)) {
-      if (!fs::exists(path)) throw UserError(path + ": missing from the checkpoint");
-      if (!std::ifstream(path)) throw UserError(path + ": cannot be read (" + std::strerror(errno) + ")");
-    }
-    read_trainer_state(*dir);  // every field checked now, not after the model is built
-    if (auto ref = io::read_base_ref(*dir)) {
-      const auto base = ck.init_weights.empty() ? ref->path : ck.init_weights;
-      if (!fs::exists(base)) {
-        throw UserError((fs::path(*dir) / io::kBaseRefFile).string() + ": the base weights '" + base +
-                        "' this checkpoint builds on do not exist; if they moved, point at the new location with " +
-                        "--set checkpoint.init_weights=NEW_PATH");
-      }
-    }
-  } else if (!ck.init_weights.empty()) {
+  check_init_weights();
+}
+
+void Checkpointer::check_init_weights() const {
+  const auto& ck = cfg_.checkpoint;
+  if (!ck.init_weights.empty())
     require_input_file(ck.init_weights, "checkpoint.init_weights", "an openpi/LeRobot model.safetensors");
+}
+
+RunGeometry Checkpointer::geometry() const {
+  PI0_CHECK(batches_per_epoch_ > 0, "Checkpointer: choose_resume() must come before a resume");
+  return {world_size_, batches_per_epoch_, cfg_.train.batch_size, cfg_.train.grad_accum_steps};
+}
+
+std::optional<std::string> Checkpointer::choose_resume(int64_t batches_per_epoch) {
+  const auto& ck = cfg_.checkpoint;
+  batches_per_epoch_ = batches_per_epoch;
+  const auto dir = pick(std::nullopt);
+  if (!dir) {
+    if (rank_ == 0) spdlog::warn("--resume: no complete checkpoint in {}; starting from step 0", ck.run_dir);
+    check_init_weights();  // a fresh start after all
+    return dir;
+  }
+  // What the checkpoint needs from this machine, checked now rather than after the model is built: readable files
+  // and the base weights it builds on (wherever they are now).
+  for (const auto& path : required_files(*dir))
+    if (!std::ifstream(path)) throw UserError(path + ": cannot be read (" + std::strerror(errno) + ")");
+  if (auto ref = io::read_base_ref(*dir)) {
+    const auto base = ck.init_weights.empty() ? ref->path : ck.init_weights;
+    if (!fs::exists(base)) {
+      throw UserError((fs::path(*dir) / io::kBaseRefFile).string() + ": the base weights '" + base +
+                      "' this checkpoint builds on do not exist; if they moved, point at the new location with " +
+                      "--set checkpoint.init_weights=NEW_PATH");
+    }
   }
   return dir;
 }
@@ -164,6 +209,7 @@ std::optional<std::string> Checkpointer::pick(std::optional<int64_t> below) {
     const auto dir = io::checkpoint_path(ck.run_dir, *it);
     try {
       verify(dir, *it);
+      resume_position(read_trainer_state(dir), dir, geometry(), rank_);  // one this run cannot continue is passed over too
       return dir;
     } catch (const UserError& e) {
       reject(dir, e.what());
@@ -184,134 +230,70 @@ void Checkpointer::reject(const std::string& dir, const std::string& why) {
   // Rejections come newest first (pick's order, and a restore of the newest pick): the first one says why the
   // newest checkpoint cannot be used, which the error when none verifies repeats.
   if (!newest_rejection_) newest_rejection_ = why;
-  bad_steps_.insert(std::stoll(fs::path(dir).filename().string()));
+  bad_steps_.insert(step_of(dir));
   if (rank_ == 0) {
     spdlog::warn("--resume: checkpoint {} does not verify and is skipped (left untouched): {}", dir, why);
   }
 }
 
-void Checkpointer::resume(std::optional<std::string> dir, const TrainState& state) {
+void Checkpointer::resume(std::optional<std::string> dir, const CheckpointedState& state) {
   const auto& ck = cfg_.checkpoint;
   create_directories_or_throw(ck.run_dir, "checkpoint.run_dir");
-  if (dir) {
-    // Falls back to older checkpoints while the chosen one turns out not to verify (newest_verified policy).
-    while (true) {
-      try {
-        restore(*dir, state);
-        break;
-      } catch (const UnusableCheckpoint& e) {
-        reject(*dir, e.what());
-        dir = pick(std::stoll(fs::path(*dir).filename().string()));
-        if (rank_ == 0) spdlog::warn("--resume: falling back to {}", *dir);
-      }
+  if (!dir) {
+    if (auto steps = io::complete_checkpoints(ck.run_dir); !steps.empty()) {
+      throw UserError("checkpoint.run_dir '" + ck.run_dir + "' already holds checkpoints (newest: step " +
+                      std::to_string(steps.back()) + "); pass --resume to continue it, or choose another run_dir");
     }
-    verified_steps_.insert(*state.step);
-  } else if (auto steps = io::complete_checkpoints(ck.run_dir); !steps.empty()) {
-    throw UserError("checkpoint.run_dir '" + ck.run_dir + "' already holds checkpoints (newest: step " +
-                    std::to_string(steps.back()) + "); pass --resume to continue it, or choose another run_dir");
+    return;
   }
+  // A checkpoint that turns out unusable at load falls back to the next older one that passes the same checks as
+  // choose_resume's pick (newest_verified policy; strict throws in reject()).
+  while (true) {
+    try {
+      restore(*dir, state);
+      break;
+    } catch (const UnusableCheckpoint& e) {
+      reject(*dir, e.what());
+      dir = pick(step_of(*dir));
+      if (!dir) throw UserError("--resume: no complete checkpoint left in " + ck.run_dir + " to fall back to");
+      if (rank_ == 0) spdlog::warn("--resume: falling back to {}", *dir);
+    }
+  }
+  verified_steps_.insert(*state.step);
 }
 
 void Checkpointer::open_run_dir() const {
   const auto& ck = cfg_.checkpoint;
+  // A process killed while rotation deleted a checkpoint left it renamed to .deleting_<step>: finish the job.
+  if (const auto finished = io::finish_interrupted_deletions(ck.run_dir); !finished.empty()) {
+    std::string names;
+    for (const auto& n : finished) names += (names.empty() ? "" : ", ") + n;
+    spdlog::info("removed {} checkpoint(s) whose deletion an earlier run did not finish: {}", finished.size(), names);
+  }
   io::remove_stale_temp_checkpoints(ck.run_dir);
   write_file_atomic(fs::path(ck.run_dir) / io::kConfigYamlFile, YAML::Dump(config::to_yaml(cfg_)) + "\n");
 }
 
-std::string Checkpointer::save(const TrainState& s) {
+// ---- Save: the mirror of restore, group by group ----
+
+std::string Checkpointer::save(const CheckpointedState& s) {
   const int64_t step = *s.step;
   const auto& ck = cfg_.checkpoint;
   const bool rank0 = rank_ == 0;
-  // Per-rank state: the noise RNG and the loader position of every rank, gathered to rank 0 which writes them.
-  torch::Tensor rng_state;
-  {
-    std::lock_guard<std::mutex> lock(s.rng->mutex());
-    rng_state = s.rng->get_state();
-  }
-  const auto pos = s.loader->position();
-  std::vector<torch::Tensor> rng_states{rng_state};
-  std::vector<torch::Tensor> positions{torch::tensor({pos.epoch, pos.batch_index}, torch::kInt64)};
-  if (pg_) {
-    rng_states = pg_->all_gather(rng_state, "checkpoint: gather of the RNG states");
-    positions = pg_->all_gather(positions[0], "checkpoint: gather of the loader positions");
-  }
+  const auto progress = gather_progress(s);  // collective
   const std::string written_barrier = "checkpoint of step " + std::to_string(step) + " written by rank 0";
   if (!rank0 && !s.shards) {
     pg_->barrier(written_barrier);
     return "";
   }
-  fs::path tmp;
-  if (rank0) {
-    // Never overwrite a checkpoint that failed verification, or one that resume could not read (skipped with a
-    // warning, and swapping it out would leave a directory this run cannot delete): keep it, under another name.
-    const bool failed = bad_steps_.count(step) && fs::exists(io::checkpoint_path(ck.run_dir, step));
-    const auto unreadable = failed ? std::string() : io::unreadable_checkpoint(io::checkpoint_path(ck.run_dir, step));
-    if (failed || !unreadable.empty()) {
-      const auto aside = io::set_aside_checkpoint(ck.run_dir, step);
-      spdlog::warn("checkpoint of step {} {} at resume; moved to {} so the new one does not replace it", step,
-                   failed ? "failed verification" : "could not be read (" + unreadable + ")", aside);
-      bad_steps_.erase(step);
-    }
-    tmp = io::begin_checkpoint(ck.run_dir, step);
-  }
+  fs::path tmp = rank0 ? begin_save(step) : fs::path();
   const auto t0 = Clock::now();
-  // Every file records the step it belongs to, so one copied in from another checkpoint is caught on resume.
-  const std::map<std::string, std::string> meta = {{"step", std::to_string(step)}};
-  std::map<std::string, io::FileDigest> digests;  // computed while writing: the manifest costs no extra read
+  Digests digests;  // computed while writing: the manifest costs no extra read
   if (s.shards) {
     // Sharded state: every rank writes its own pieces into rank 0's temporary directory (a shared file system,
     // as --resume already needs); a gather to rank 0 would need the whole state there, the memory sharding saves.
     tmp = pg_->broadcast_text(tmp.string(), 0, "checkpoint: temporary directory");
-    const int64_t world = world_size_, rank = rank_;
-    const auto& params = (*s.trainable);
-    auto pieces_of = [&](const std::map<std::string, torch::Tensor>& state, const std::vector<std::string>& suffixes) {
-      std::vector<io::StatePiece> out;
-      for (const auto& piece : s.shards->owned()) {
-        const auto& [name, p] = params[piece.param];
-        for (const auto& suffix : suffixes) out.push_back({name + suffix, piece.begin, p.numel(), state.at(name + suffix)});
-      }
-      return out;
-    };
-    // [ok, optimizer size, optimizer xxh3, ema size, ema xxh3] per rank.
-    auto mine = torch::zeros({5}, torch::kInt64);
-    std::string failure;
-    try {
-      const auto opt_state = s.optimizer->state_dict();
-      const auto opt_file = io::state_file_name(io::kOptimizerState, rank, world);
-      const auto d = io::save_state_pieces((tmp / opt_file).string(), pieces_of(opt_state, {".exp_avg", ".exp_avg_sq"}),
-                                           {{AdamW::kStepKey, opt_state.at(AdamW::kStepKey)}}, meta);
-      mine[1] = static_cast<int64_t>(d.size);
-      mine[2] = digest_bits(d.xxh3);
-      if (s.ema) {
-        const auto e = io::save_state_pieces((tmp / io::state_file_name(io::kEmaState, rank, world)).string(),
-                                             pieces_of(s.ema->state_dict(), {""}), {}, meta);
-        mine[3] = static_cast<int64_t>(e.size);
-        mine[4] = digest_bits(e.xxh3);
-      }
-      mine[0] = 1;
-    } catch (const std::exception& e) {
-      failure = e.what();
-      spdlog::error("checkpoint of step {}: rank {} could not write its state: {}", step, rank, failure);
-    }
-    const auto all = pg_->all_gather(mine, "checkpoint: gather of the state files' checksums");
-    for (int64_t r = 0; r < world; ++r) {
-      const auto& v = all[static_cast<size_t>(r)];
-      if (v[0].item<int64_t>() != 1) {
-        if (rank0) {
-          std::error_code ec;
-          fs::remove_all(tmp, ec);
-        }
-        throw UserError(r == rank ? failure
-                                  : "checkpoint of step " + std::to_string(step) + ": rank " + std::to_string(r) +
-                                        " could not write its state (its log says why); nothing was saved");
-      }
-      digests[io::state_file_name(io::kOptimizerState, r, world)] = {static_cast<uint64_t>(v[1].item<int64_t>()),
-                                                             digest_hex(v[2].item<int64_t>())};
-      if (s.ema) {
-        digests[io::state_file_name(io::kEmaState, r, world)] = {static_cast<uint64_t>(v[3].item<int64_t>()),
-                                                         digest_hex(v[4].item<int64_t>())};
-      }
-    }
+    digests = gather_sharded_digests(tmp, s);  // collective; throws on every rank if one failed
     if (!rank0) {
       pg_->barrier(written_barrier);
       return "";
@@ -319,55 +301,14 @@ std::string Checkpointer::save(const TrainState& s) {
   }
   std::string final_dir;
   try {
-    io::SaveOptions so;
-    so.metadata = meta;
-    so.openpi_layout = false;  // exact parameter names, LoRA included: what resume needs
-    so.include_lora = true;
-    if (base_ref_) {
-      // Small checkpoint: the frozen weights taken unchanged from the base are referenced, not copied.
-      std::set<std::string> trainable_names;
-      for (const auto& [name, p] : (*s.trainable)) trainable_names.insert(name);
-      so.include = [this, trainable_names](const std::string& name) {
-        return trainable_names.count(name) || !base_names_.count(name);
-      };
-      io::write_base_ref(tmp.string(), *base_ref_);
-    }
-    uint64_t next_report = 2ull << 30;
-    so.progress = [&](uint64_t done, uint64_t total) {
-      if (done >= next_report && done < total) {
-        spdlog::info("saving model.safetensors: {:.1f}/{:.1f} GB", done / 1e9, total / 1e9);
-        while (next_report <= done) next_report += 2ull << 30;
-      }
-    };
-    digests[io::kModelFile] = io::save_model_weights(*s.model, (tmp / io::kModelFile).string(), so);
+    merge_into(digests, save_model(tmp, s));
     if (!s.shards) {
-      if (s.ema) {
-        digests[io::state_file_name(io::kEmaState, 0, 1)] =
-            io::save_safetensors((tmp / io::state_file_name(io::kEmaState, 0, 1)).string(), to_vector(s.ema->state_dict()), meta);
-      }
-      digests[io::state_file_name(io::kOptimizerState, 0, 1)] =
-          io::save_safetensors((tmp / io::state_file_name(io::kOptimizerState, 0, 1)).string(), to_vector(s.optimizer->state_dict()), meta);
+      merge_into(digests, save_optimizer(tmp, s));
+      merge_into(digests, save_ema(tmp, s));
     }
-    std::vector<std::pair<std::string, torch::Tensor>> lora;
-    for (const auto& item : s.model->named_parameters())
-      if (item.key().find(".lora_") != std::string::npos) lora.emplace_back(item.key(), item.value());
-    if (!lora.empty()) digests[io::kLoraFile] = io::save_safetensors((tmp / io::kLoraFile).string(), lora, meta);
-    std::vector<std::pair<std::string, torch::Tensor>> rngs;
-    TrainerState state;
-    state.step = step;
-    state.world_size = world_size_;
-    state.nonfinite_skips = *s.nonfinite_skips;
-    for (size_t r = 0; r < rng_states.size(); ++r) {
-      rngs.emplace_back("rank" + std::to_string(r) + ".noise_time", rng_states[r]);
-      state.rank_loaders.push_back({positions[r][0].item<int64_t>(), positions[r][1].item<int64_t>()});
-    }
-    digests[io::kRngFile] = io::save_safetensors((tmp / io::kRngFile).string(), rngs, meta);
-    write_file_atomic(tmp / io::kTrainerStateFile, to_json(state).dump(2) + "\n");
-    write_file_atomic(tmp / io::kConfigYamlFile, YAML::Dump(config::to_yaml(cfg_)) + "\n");
-    const auto assets = tmp / io::kAssetsDir / ck.asset_id;
-    create_directories_or_throw(assets.string(), "checkpoint assets");
-    fs::copy_file(cfg_.data.norm_stats, assets / io::kNormStatsFile, fs::copy_options::overwrite_existing);
-    fs::copy_file(cfg_.data.tokenizer, tmp / io::kTokenizerFile, fs::copy_options::overwrite_existing);
+    merge_into(digests, save_lora(tmp, s));
+    merge_into(digests, save_progress(tmp, s, progress));
+    save_config_and_assets(tmp);
     io::write_manifest(tmp.string(), step, digests);  // last: it lists every other file
     final_dir = io::commit_checkpoint(tmp.string(), ck.run_dir, step);
   } catch (...) {
@@ -388,9 +329,187 @@ std::string Checkpointer::save(const TrainState& s) {
   return final_dir;
 }
 
-void Checkpointer::restore(const std::string& dir, const TrainState& s) {
-  const fs::path d(dir);
-  const TrainerState state = read_trainer_state(dir);  // checked with check_resumable() by the constructor
+Checkpointer::RankProgress Checkpointer::gather_progress(const CheckpointedState& s) const {
+  torch::Tensor rng_state;
+  {
+    std::lock_guard<std::mutex> lock(s.rng->mutex());
+    rng_state = s.rng->get_state();
+  }
+  const auto pos = s.loader->position();
+  std::vector<torch::Tensor> rng_states{rng_state};
+  std::vector<torch::Tensor> positions{torch::tensor({pos.epoch, pos.batch_index}, torch::kInt64)};
+  if (pg_) {
+    rng_states = pg_->all_gather(rng_state, "checkpoint: gather of the RNG states");
+    positions = pg_->all_gather(positions[0], "checkpoint: gather of the loader positions");
+  }
+  RankProgress p;
+  p.rng_states = std::move(rng_states);
+  for (const auto& t : positions) p.loaders.push_back({t[0].item<int64_t>(), t[1].item<int64_t>()});
+  return p;
+}
+
+fs::path Checkpointer::begin_save(int64_t step) {
+  const auto& ck = cfg_.checkpoint;
+  // Never overwrite a checkpoint that failed verification, or one that resume could not read (skipped with a
+  // warning, and swapping it out would leave a directory this run cannot delete): keep it, under another name.
+  const bool failed = bad_steps_.count(step) && fs::exists(io::checkpoint_path(ck.run_dir, step));
+  const auto unreadable = failed ? std::string() : io::unreadable_checkpoint(io::checkpoint_path(ck.run_dir, step));
+  if (failed || !unreadable.empty()) {
+    const auto aside = io::set_aside_checkpoint(ck.run_dir, step);
+    spdlog::warn("checkpoint of step {} {} at resume; moved to {} so the new one does not replace it", step,
+                 failed ? "failed verification" : "could not be read (" + unreadable + ")", aside);
+    bad_steps_.erase(step);
+  }
+  return io::begin_checkpoint(ck.run_dir, step);
+}
+
+namespace {
+
+using Digests = std::map<std::string, io::FileDigest>;
+
+// Every file records the step it belongs to, so one copied in from another checkpoint is caught on resume.
+std::map<std::string, std::string> step_metadata(int64_t step) { return {{"step", std::to_string(step)}}; }
+
+}  // namespace
+
+Checkpointer::Digests Checkpointer::save_model(const fs::path& tmp, const CheckpointedState& s) const {
+  io::SaveOptions so;
+  so.metadata = step_metadata(*s.step);
+  so.openpi_layout = false;  // exact parameter names, LoRA included: what resume needs
+  so.include_lora = true;
+  if (base_ref_) {
+    // Small checkpoint: the frozen weights taken unchanged from the base are referenced, not copied.
+    std::set<std::string> trainable_names;
+    for (const auto& [name, p] : (*s.trainable)) trainable_names.insert(name);
+    so.include = [this, trainable_names](const std::string& name) {
+      return trainable_names.count(name) || !base_names_.count(name);
+    };
+    io::write_base_ref(tmp.string(), *base_ref_);
+  }
+  uint64_t next_report = 2ull << 30;
+  so.progress = [&](uint64_t done, uint64_t total) {
+    if (done >= next_report && done < total) {
+      spdlog::info("saving model.safetensors: {:.1f}/{:.1f} GB", done / 1e9, total / 1e9);
+      while (next_report <= done) next_report += 2ull << 30;
+    }
+  };
+  return {{io::kModelFile, io::save_model_weights(*s.model, (tmp / io::kModelFile).string(), so)}};
+}
+
+namespace {
+
+// The optimizer or EMA state `state` (entries <parameter><suffix>, plus `whole` tensors) as this rank writes it:
+// one whole file, or under dist.shard this rank's pieces of every parameter it owns.
+Digests save_trainable_state(const fs::path& tmp, const CheckpointedState& s,
+                                                  const std::string& prefix,
+                                                  const std::map<std::string, torch::Tensor>& state,
+                                                  const std::vector<std::string>& suffixes,
+                                                  const std::vector<std::string>& whole, int64_t rank, int64_t world) {
+  const auto meta = step_metadata(*s.step);
+  if (!s.shards) {
+    const auto name = io::state_file_name(prefix, 0, 1);
+    return {{name, io::save_safetensors((tmp / name).string(), to_vector(state), meta)}};
+  }
+  std::vector<io::StatePiece> pieces;
+  for (const auto& piece : s.shards->owned()) {
+    const auto& [name, p] = (*s.trainable)[piece.param];
+    for (const auto& suffix : suffixes) pieces.push_back({name + suffix, piece.begin, p.numel(), state.at(name + suffix)});
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> whole_tensors;
+  for (const auto& key : whole) whole_tensors.emplace_back(key, state.at(key));
+  const auto name = io::state_file_name(prefix, rank, world);
+  return {{name, io::save_state_pieces((tmp / name).string(), pieces, whole_tensors, meta)}};
+}
+
+}  // namespace
+
+Checkpointer::Digests Checkpointer::save_optimizer(const fs::path& tmp, const CheckpointedState& s) const {
+  return save_trainable_state(tmp, s, io::kOptimizerState, s.optimizer->state_dict(), kOptimizerSuffixes,
+                              {AdamW::kStepKey}, rank_, world_size_);
+}
+
+Checkpointer::Digests Checkpointer::save_ema(const fs::path& tmp, const CheckpointedState& s) const {
+  if (!s.ema) return {};
+  return save_trainable_state(tmp, s, io::kEmaState, s.ema->state_dict(), kEmaSuffixes, {}, rank_, world_size_);
+}
+
+Checkpointer::Digests Checkpointer::gather_sharded_digests(const fs::path& tmp, const CheckpointedState& s) const {
+  const int64_t step = *s.step;
+  // [ok, optimizer size, optimizer xxh3, ema size, ema xxh3] per rank: every rank learns whether all succeeded.
+  auto mine = torch::zeros({5}, torch::kInt64);
+  std::string failure;
+  try {
+    const auto opt = save_optimizer(tmp, s).at(io::state_file_name(io::kOptimizerState, rank_, world_size_));
+    mine[1] = static_cast<int64_t>(opt.size);
+    mine[2] = digest_bits(opt.xxh3);
+    if (s.ema) {
+      const auto ema = save_ema(tmp, s).at(io::state_file_name(io::kEmaState, rank_, world_size_));
+      mine[3] = static_cast<int64_t>(ema.size);
+      mine[4] = digest_bits(ema.xxh3);
+    }
+    mine[0] = 1;
+  } catch (const std::exception& e) {
+    failure = e.what();
+    spdlog::error("checkpoint of step {}: rank {} could not write its state: {}", step, rank_, failure);
+  }
+  const auto all = pg_->all_gather(mine, "checkpoint: gather of the state files' checksums");
+  Digests digests;
+  for (int64_t r = 0; r < world_size_; ++r) {
+    const auto& v = all[static_cast<size_t>(r)];
+    if (v[0].item<int64_t>() != 1) {
+      if (rank_ == 0) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);
+      }
+      throw UserError(r == rank_ ? failure
+                                 : "checkpoint of step " + std::to_string(step) + ": rank " + std::to_string(r) +
+                                       " could not write its state (its log says why); nothing was saved");
+    }
+    digests[io::state_file_name(io::kOptimizerState, r, world_size_)] = {static_cast<uint64_t>(v[1].item<int64_t>()),
+                                                                        digest_hex(v[2].item<int64_t>())};
+    if (s.ema) {
+      digests[io::state_file_name(io::kEmaState, r, world_size_)] = {static_cast<uint64_t>(v[3].item<int64_t>()),
+                                                                    digest_hex(v[4].item<int64_t>())};
+    }
+  }
+  return digests;
+}
+
+Checkpointer::Digests Checkpointer::save_lora(const fs::path& tmp, const CheckpointedState& s) const {
+  std::vector<std::pair<std::string, torch::Tensor>> lora;
+  for (const auto& item : s.model->named_parameters())
+    if (item.key().find(".lora_") != std::string::npos) lora.emplace_back(item.key(), item.value());
+  if (lora.empty()) return {};
+  return {{io::kLoraFile, io::save_safetensors((tmp / io::kLoraFile).string(), lora, step_metadata(*s.step))}};
+}
+
+Checkpointer::Digests Checkpointer::save_progress(const fs::path& tmp, const CheckpointedState& s,
+                                                  const RankProgress& p) const {
+  TrainerStateFile state;
+  state.step = *s.step;
+  state.world_size = world_size_;
+  state.nonfinite_skips = *s.nonfinite_skips;
+  state.rank_loaders = p.loaders;
+  state.global_batch_size = cfg_.train.batch_size;
+  state.grad_accum_steps = cfg_.train.grad_accum_steps;
+  std::vector<std::pair<std::string, torch::Tensor>> rngs;
+  for (size_t r = 0; r < p.rng_states.size(); ++r) rngs.emplace_back("rank" + std::to_string(r) + ".noise_time", p.rng_states[r]);
+  Digests digests = {{io::kRngFile, io::save_safetensors((tmp / io::kRngFile).string(), rngs, step_metadata(state.step))}};
+  write_file_atomic(tmp / io::kTrainerStateFile, to_json(state).dump(2) + "\n");
+  return digests;
+}
+
+void Checkpointer::save_config_and_assets(const fs::path& tmp) const {
+  write_file_atomic(tmp / io::kConfigYamlFile, YAML::Dump(config::to_yaml(cfg_)) + "\n");
+  const auto assets = tmp / io::kAssetsDir / cfg_.checkpoint.asset_id;
+  create_directories_or_throw(assets.string(), "checkpoint assets");
+  fs::copy_file(cfg_.data.norm_stats, assets / io::kNormStatsFile, fs::copy_options::overwrite_existing);
+  fs::copy_file(cfg_.data.tokenizer, tmp / io::kTokenizerFile, fs::copy_options::overwrite_existing);
+}
+
+// ---- Restore: the mirror of save ----
+
+void Checkpointer::restore(const std::string& dir, const CheckpointedState& s) {
   const auto t0 = Clock::now();
   // Every byte is verified (checksums, finiteness) on other threads while the files load: the verification reads
   // the same pages the load does, so on a machine with a spare core it adds little to the resume time.
@@ -404,78 +523,9 @@ void Checkpointer::restore(const std::string& dir, const TrainState& s) {
     }
   };
   try {
-    base_ref_.reset();
-    base_names_.clear();
-    const auto base = io::load_checkpoint_weights(*s.model, dir, cfg_.checkpoint.init_weights,
-                                                  "--set checkpoint.init_weights=NEW_PATH",
-                                                  cfg_.checkpoint.reinit_mismatched_projections,
-                                                  /*exact_dtypes=*/true);
-    if (!base.empty()) {
-      // Later checkpoints keep referring to the same (verified) base, at the path it was found.
-      base_ref_ = *io::read_base_ref(dir);
-      base_ref_->path = fs::absolute(base).lexically_normal().string();
-      io::SafetensorsFile own((d / io::kModelFile).string());
-      for (const auto& item : s.model->named_parameters())
-        if (!own.contains(item.key())) base_names_.insert(item.key());
-    }
-    // Optimizer and EMA state stream from the files straight into the existing tensors: no whole-file copy. The
-    // files are whole tensors or per-rank pieces of any world size; this rank reads the elements it updates (all of
-    // them, or its share under dist.shard), checked first against every file's header: exactly the tensors and
-    // dtypes this trainer writes.
-    std::vector<int64_t> begins;          // per tensor this rank updates: its first element in the parameter
-    std::map<std::string, int64_t> numels;  // trainable parameter → element count
-    for (const auto& [name, p] : (*s.trainable)) numels[name] = p.numel();
-    if (s.shards) {
-      for (const auto& piece : s.shards->owned()) begins.push_back(piece.begin);
-    } else {
-      begins.assign((*s.trainable).size(), 0);
-    }
-    auto read_state = [&](const std::string& prefix, const std::map<std::string, torch::Tensor>& targets,
-                          const std::vector<std::string>& suffixes, const std::map<std::string, int64_t>& extra) {
-      const auto files = io::state_files(dir, prefix);
-      if (files.empty()) throw UserError((d / (prefix + ".safetensors")).string() + ": missing from the checkpoint");
-      io::StateReader reader(files);
-      std::map<std::string, int64_t> expected = extra;
-      for (const auto& [name, n] : numels)
-        for (const auto& suffix : suffixes) expected[name + suffix] = n;
-      for (const auto& [key, n] : expected) {
-        const auto it = reader.numels().find(key);
-        if (it == reader.numels().end())
-          throw UserError(reader.describe() + ": missing key '" + key + "' (the checkpoint was saved with other "
-                          "trainable parameters; use the same freeze settings to resume)");
-        if (it->second != n)
-          throw UserError(reader.describe() + ": key '" + key + "' has " + std::to_string(it->second) +
-                          " elements, expected " + std::to_string(n));
-      }
-      for (const auto& [key, n] : reader.numels())
-        if (!expected.count(key))
-          throw UserError(reader.describe() + ": unexpected key '" + key + "' (not a trainable parameter of this "
-                          "model; use the same freeze settings to resume)");
-      std::vector<io::StateReader::Request> requests;
-      size_t i = 0;
-      const auto& named = s.optimizer->params();  // same order as the EMA's: both got the same list
-      for (const auto& [name, view] : named) {
-        for (const auto& suffix : suffixes) requests.push_back({name + suffix, begins[i], targets.at(name + suffix)});
-        ++i;
-      }
-      return std::make_pair(std::move(reader), std::move(requests));
-    };
-    {
-      auto state = s.optimizer->state_dict();
-      auto step_count = torch::zeros({1}, torch::kInt64);
-      auto [reader, requests] = read_state(io::kOptimizerState, state, {".exp_avg", ".exp_avg_sq"}, {{AdamW::kStepKey, 1}});
-      requests.push_back({AdamW::kStepKey, 0, step_count});
-      reader.read(requests, /*exact_dtype=*/true);
-      s.optimizer->restore_step_count(step_count.item<int64_t>());
-    }
-    if (s.ema) {
-      if (io::state_files(dir, io::kEmaState).empty()) {
-        throw UserError("checkpoint '" + dir + "' has no EMA weights but train.ema_decay is " +
-                        std::to_string(cfg_.train.ema_decay) + " (resume with train.ema_decay=0, or from a run with EMA)");
-      }
-      auto [reader, requests] = read_state(io::kEmaState, s.ema->state_dict(), {""}, {});
-      reader.read(requests, /*exact_dtype=*/true);
-    }
+    load_model(dir, s);
+    load_optimizer(dir, s);
+    load_ema(dir, s);
   } catch (const UserError& e) {
     unusable_if_unverified(e.what());
     // The contents verify, but this run cannot use them (another model, relabelled dtypes): fall back as well.
@@ -483,12 +533,94 @@ void Checkpointer::restore(const std::string& dir, const TrainState& s) {
   }
   unusable_if_unverified("");
   spdlog::info("loaded checkpoint state in {:.1f} s", std::chrono::duration<double>(Clock::now() - t0).count());
-  // At the checkpoint's world size each rank continues its own RNG and loader; at another one (the global batch
-  // unchanged) every rank takes rank 0's: all ranks draw the whole global batch's noise and walk the same global
-  // batch order, so their states are equal (checked).
+  load_progress(dir, s);
+}
+
+void Checkpointer::load_model(const std::string& dir, const CheckpointedState& s) {
+  base_ref_.reset();
+  base_names_.clear();
+  const auto base = io::load_checkpoint_weights(*s.model, dir, cfg_.checkpoint.init_weights,
+                                                "--set checkpoint.init_weights=NEW_PATH",
+                                                cfg_.checkpoint.reinit_mismatched_projections,
+                                                /*exact_dtypes=*/true);
+  if (base.empty()) return;
+  // Later checkpoints keep referring to the same (verified) base, at the path it was found.
+  base_ref_ = *io::read_base_ref(dir);
+  base_ref_->path = fs::absolute(base).lexically_normal().string();
+  io::SafetensorsFile own((fs::path(dir) / io::kModelFile).string());
+  for (const auto& item : s.model->named_parameters())
+    if (!own.contains(item.key())) base_names_.insert(item.key());
+}
+
+// Optimizer and EMA state stream from the files straight into the existing tensors: no whole-file copy. The files
+// are whole tensors or per-rank pieces of any world size; this rank reads the elements it updates (all of them, or
+// its share under dist.shard), checked first against every file's header: exactly the tensors and dtypes this
+// trainer writes. The mirror of save_trainable_state.
+namespace {
+void load_trainable_state(const std::string& dir, const CheckpointedState& s, const std::string& prefix,
+                                 const std::map<std::string, torch::Tensor>& targets,
+                                 const std::vector<std::string>& suffixes, std::map<std::string, int64_t> expected,
+                                 std::vector<io::StateReader::Request> extra_requests = {}) {
+  const auto files = io::state_files(dir, prefix);
+  if (files.empty()) throw UserError((fs::path(dir) / (prefix + ".safetensors")).string() + ": missing from the checkpoint");
+  io::StateReader reader(files);
+  for (const auto& [name, p] : (*s.trainable))
+    for (const auto& suffix : suffixes) expected[name + suffix] = p.numel();
+  for (const auto& [key, n] : expected) {
+    const auto it = reader.numels().find(key);
+    if (it == reader.numels().end())
+      throw UserError(reader.describe() + ": missing key '" + key + "' (the checkpoint was saved with other "
+                      "trainable parameters; use the same freeze settings to resume)");
+    if (it->second != n)
+      throw UserError(reader.describe() + ": key '" + key + "' has " + std::to_string(it->second) +
+                      " elements, expected " + std::to_string(n));
+  }
+  for (const auto& [key, n] : reader.numels())
+    if (!expected.count(key))
+      throw UserError(reader.describe() + ": unexpected key '" + key + "' (not a trainable parameter of this "
+                      "model; use the same freeze settings to resume)");
+  // Per tensor this rank updates, its first element in the parameter: 0, or where its share begins.
+  std::vector<int64_t> begins;
+  if (s.shards) {
+    for (const auto& piece : s.shards->owned()) begins.push_back(piece.begin);
+  } else {
+    begins.assign(s.trainable->size(), 0);
+  }
+  std::vector<io::StateReader::Request> requests = std::move(extra_requests);
+  size_t i = 0;
+  for (const auto& [name, view] : s.optimizer->params()) {  // same order as the EMA's: both got the same list
+    for (const auto& suffix : suffixes) requests.push_back({name + suffix, begins[i], targets.at(name + suffix)});
+    ++i;
+  }
+  reader.read(requests, /*exact_dtype=*/true);
+}
+}  // namespace
+
+void Checkpointer::load_optimizer(const std::string& dir, const CheckpointedState& s) const {
+  auto step_count = torch::zeros({1}, torch::kInt64);
+  load_trainable_state(dir, s, io::kOptimizerState, s.optimizer->state_dict(), kOptimizerSuffixes,
+                       {{AdamW::kStepKey, 1}}, {{AdamW::kStepKey, 0, step_count}});
+  s.optimizer->restore_step_count(step_count.item<int64_t>());
+}
+
+void Checkpointer::load_ema(const std::string& dir, const CheckpointedState& s) const {
+  if (!s.ema) return;
+  if (io::state_files(dir, io::kEmaState).empty()) {
+    throw UserError("checkpoint '" + dir + "' has no EMA weights but train.ema_decay is " +
+                    std::to_string(cfg_.train.ema_decay) + " (resume with train.ema_decay=0, or from a run with EMA)");
+  }
+  load_trainable_state(dir, s, io::kEmaState, s.ema->state_dict(), kEmaSuffixes, {});
+}
+
+void Checkpointer::load_progress(const std::string& dir, const CheckpointedState& s) const {
+  const TrainerStateFile state = read_trainer_state(dir);
+  // Checked by pick() already; here it also says where this rank's loader continues.
+  const ResumePosition pos = resume_position(state, dir, geometry(), rank_);
+  // At the checkpoint's world size each rank continues its own RNG; at another one (the global batch unchanged)
+  // every rank takes rank 0's: all ranks draw the whole global batch's noise, so their states are equal (checked).
   const bool same_world = state.world_size == world_size_;
   {
-    io::SafetensorsFile rng((d / io::kRngFile).string());
+    io::SafetensorsFile rng((fs::path(dir) / io::kRngFile).string());
     const auto mine = rng.get_copy("rank" + std::to_string(same_world ? rank_ : 0) + ".noise_time");
     for (int64_t r = 1; !same_world && r < state.world_size; ++r) {
       if (!torch::equal(rng.get_copy("rank" + std::to_string(r) + ".noise_time"), mine))
@@ -500,9 +632,10 @@ void Checkpointer::restore(const std::string& dir, const TrainState& s) {
   }
   *s.step = state.step;
   *s.nonfinite_skips = state.nonfinite_skips;
-  const data::LoaderPosition pos = state.rank_loaders.at(same_world ? static_cast<size_t>(rank_) : 0);
-  s.loader->seek(pos);
-  spdlog::info("resumed from {} at step {} (loader epoch {}, batch {})", dir, *s.step, pos.epoch, pos.batch_index);
+  s.loader->seek(pos.loader);
+  if (rank_ == 0 && !pos.moved.empty()) spdlog::info("{}", pos.moved);
+  spdlog::info("resumed from {} at step {} (loader epoch {}, batch {})", dir, *s.step, pos.loader.epoch,
+               pos.loader.batch_index);
 }
 
 }  // namespace pi0::train

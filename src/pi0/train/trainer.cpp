@@ -59,7 +59,7 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
   // Fail fast: the run directory, the referenced files, the freeze preset and the data are checked before any
   // model is built (a full-size build costs GBs and, with random init, a minute): every config error arrives in
   // well under a second.
-  resume_dir_ = checkpointer_.check_run_dir(options_.resume);
+  checkpointer_.check_run_dir(options_.resume);
   plan_model();
   data_ = make_data_pipeline(cfg_, local_batch(), options_.rank, options_.world_size);
   // LeRobot data resolves adapt_to_pi "auto" from its features (on for ALOHA-like ones). The run dir, its
@@ -67,17 +67,9 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
   // converts state and actions exactly as training did (and serves ALOHA's metadata).
   cfg_.data.dataset.adapt_to_pi = data_.dataset->options().adapt_to_pi;
   checkpointer_.set_config(cfg_);
-  while (resume_dir_) {  // a checkpoint this run cannot continue (batch size, world size) falls back like a bad one
-    try {
-      check_resumable(read_trainer_state(*resume_dir_), *resume_dir_, options_.world_size,
-                      data_.loader->batches_per_epoch());
-      break;
-    } catch (const UserError& e) {
-      checkpointer_.reject(*resume_dir_, e.what());
-      resume_dir_ = checkpointer_.pick(std::stoll(fs::path(*resume_dir_).filename().string()));
-      if (options_.rank == 0) spdlog::warn("--resume: falling back to {}", *resume_dir_);
-    }
-  }
+  // --resume: the newest checkpoint that verifies and that this run (world size, batch size, epoch length) can
+  // continue, chosen by the Checkpointer before the model is built.
+  if (options_.resume) resume_dir_ = checkpointer_.choose_resume(data_.loader->batches_per_epoch());
   interruption_point();
   // Same seed on every rank: every replica starts from identical weights.
   torch::manual_seed(static_cast<uint64_t>(cfg_.train.seed));
@@ -243,8 +235,8 @@ int64_t Trainer::run() {
   return step_;
 }
 
-TrainState Trainer::state() {
-  TrainState s;
+CheckpointedState Trainer::state() {
+  CheckpointedState s;
   s.model = model_.get();
   s.optimizer = optimizer_.get();
   s.ema = ema_.get();

@@ -1,7 +1,7 @@
 // The training job: flow-matching fine-tuning of pi0 / pi0.5 with AdamW, warmup-cosine LR, clipping, EMA,
 // gradient accumulation, freezing presets / LoRA, mixed precision and exact resume. The Trainer is checkpointed
 // state (step, RNG, loader position, optimizer, EMA), which it hands to its Checkpointer (checkpointer.h) as a
-// TrainState; run() reads top to bottom in one function: resume; loop { step; maybe log; maybe save }.
+// CheckpointedState; run() reads top to bottom in one function: resume; loop { step; maybe log; maybe save }.
 #pragma once
 #include <algorithm>
 #include <map>
@@ -99,7 +99,7 @@ class Trainer {
   /// from shapes before anything is built.
   void plan_model();
   /// What a checkpoint holds of this trainer, by reference.
-  TrainState state();
+  CheckpointedState state();
   /// The next train.grad_accum_steps batches of this rank.
   std::vector<model::Batch> next_micro_batches();
   /// Rank 0: stale temporary checkpoints removed, config.yaml written and metrics.jsonl opened (the metrics

@@ -42,17 +42,22 @@ data::LoaderPosition read_position(const nlohmann::json& j, const std::string& f
 
 }  // namespace
 
-nlohmann::json to_json(const TrainerState& state) {
+nlohmann::json to_json(const TrainerStateFile& state) {
   nlohmann::json loaders = nlohmann::json::array();
   for (const auto& p : state.rank_loaders) loaders.push_back({{"epoch", p.epoch}, {"batch_index", p.batch_index}});
-  return {{"step", state.step},
-          {"world_size", state.world_size},
-          {"nonfinite_skips", state.nonfinite_skips},
-          {"loader", loaders.empty() ? nlohmann::json::object() : loaders[0]},
-          {"rank_loaders", loaders}};
+  nlohmann::json j = {{"step", state.step},
+                      {"world_size", state.world_size},
+                      {"nonfinite_skips", state.nonfinite_skips},
+                      {"loader", loaders.empty() ? nlohmann::json::object() : loaders[0]},
+                      {"rank_loaders", loaders}};
+  if (state.global_batch_size > 0) {
+    j["global_batch_size"] = state.global_batch_size;
+    j["grad_accum_steps"] = state.grad_accum_steps;
+  }
+  return j;
 }
 
-TrainerState read_trainer_state(const std::string& checkpoint_dir) {
+TrainerStateFile read_trainer_state(const std::string& checkpoint_dir) {
   const auto file = state_file(checkpoint_dir);
   std::ifstream in(file);
   if (!in) throw UserError(file + ": cannot be read (" + std::strerror(errno) + ")");
@@ -63,7 +68,7 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
     throw UserError(file + ": not valid JSON (" + e.what() + ")");
   }
   if (!j.is_object()) throw UserError(file + ": expected a JSON object (got " + std::string(j.type_name()) + ")");
-  TrainerState s;
+  TrainerStateFile s;
   s.step = read_int(j, "step", "step", 0, file);
   s.world_size = read_int(j, "world_size", "world_size", 1, file, 1);
   s.nonfinite_skips = read_int(j, "nonfinite_skips", "nonfinite_skips", 0, file, 0);
@@ -80,31 +85,76 @@ TrainerState read_trainer_state(const std::string& checkpoint_dir) {
   } else {
     throw UserError(file + ": field 'rank_loaders' is missing (expected one loader position per rank)");
   }
+  if (j.contains("global_batch_size") || j.contains("grad_accum_steps")) {  // both, or neither (older files)
+    s.global_batch_size = read_int(j, "global_batch_size", "global_batch_size", 1, file);
+    s.grad_accum_steps = read_int(j, "grad_accum_steps", "grad_accum_steps", 1, file);
+    if (s.global_batch_size % s.grad_accum_steps != 0) {
+      throw UserError(file + ": field 'global_batch_size' (" + std::to_string(s.global_batch_size) + ") must be a " +
+                      "multiple of 'grad_accum_steps' (" + std::to_string(s.grad_accum_steps) + ")");
+    }
+  }
   return s;
 }
 
-void check_resumable(const TrainerState& state, const std::string& checkpoint_dir, int64_t world_size,
-                     int64_t batches_per_epoch) {
+ResumePosition resume_position(const TrainerStateFile& state, const std::string& checkpoint_dir,
+                               const RunGeometry& run, int64_t rank) {
   const auto file = state_file(checkpoint_dir);
-  if (state.world_size != world_size) {
+  if (state.world_size != run.world_size) {
     // Another world size sees the same global batches (each rank takes a slice of the global batch order) only if
     // every rank stopped at the same place, which they do when all ran the same steps.
     for (size_t r = 1; r < state.rank_loaders.size(); ++r) {
       if (!(state.rank_loaders[r] == state.rank_loaders[0])) {
         throw UserError("checkpoint '" + checkpoint_dir + "' was written by " + std::to_string(state.world_size) +
                         " ranks whose loader positions differ (" + file + ": rank_loaders); resume it with the same "
-                        "world size (got " + std::to_string(world_size) + ")");
+                        "world size (got " + std::to_string(run.world_size) + ")");
       }
     }
   }
+  // A loader position counts batches of global_batch_size / grad_accum_steps samples of the epoch's permutation
+  // (loader.h), whatever the world size. When that changed, the run continues at the same sample, so it reads
+  // exactly the samples the checkpointed run had not read yet this epoch. A checkpoint without the sizes (older
+  // than the fields) keeps its batch index, as it always did.
+  const int64_t old_samples = state.global_batch_size ? state.global_batch_size / state.grad_accum_steps : 0;
+  const int64_t new_samples = run.global_batch_size / run.grad_accum_steps;
+  std::string changed;  // "train.batch_size changed 4 → 8", and/or grad_accum_steps
+  if (state.global_batch_size && state.global_batch_size != run.global_batch_size)
+    changed = "train.batch_size changed " + std::to_string(state.global_batch_size) + " → " +
+              std::to_string(run.global_batch_size);
+  if (state.global_batch_size && state.grad_accum_steps != run.grad_accum_steps)
+    changed += (changed.empty() ? "" : ", ") + std::string("train.grad_accum_steps changed ") +
+               std::to_string(state.grad_accum_steps) + " → " + std::to_string(run.grad_accum_steps);
+  const bool move = old_samples && old_samples != new_samples;
+  ResumePosition out;
   for (size_t r = 0; r < state.rank_loaders.size(); ++r) {
-    const auto& p = state.rank_loaders[r];
-    if (p.batch_index >= batches_per_epoch) {
-      throw UserError(file + ": field 'rank_loaders[" + std::to_string(r) + "].batch_index' is " +
-                      std::to_string(p.batch_index) + " but an epoch now has " + std::to_string(batches_per_epoch) +
-                      " batches per rank (the dataset or train.batch_size changed since this checkpoint)");
+    const auto field = "'rank_loaders[" + std::to_string(r) + "]";
+    data::LoaderPosition p = state.rank_loaders[r];
+    const int64_t sample = p.batch_index * old_samples;
+    if (move) {
+      if (sample % new_samples != 0) {
+        throw UserError(file + ": the run stopped at sample " + std::to_string(sample) + " of epoch " +
+                        std::to_string(p.epoch) + " (" + field + "'), which no batch of " +
+                        std::to_string(new_samples) + " samples starts at (" + changed + "); resume this checkpoint "
+                        "with a batch that divides " + std::to_string(sample) + " samples, e.g. the old one");
+      }
+      p.batch_index = sample / new_samples;
+    }
+    if (p.batch_index >= run.batches_per_epoch) {
+      throw UserError(file + ": field " + field + ".batch_index' is " + std::to_string(state.rank_loaders[r].batch_index) +
+                      (move ? " (batch " + std::to_string(p.batch_index) + " of " + std::to_string(new_samples) +
+                                  " samples now)"
+                            : std::string()) +
+                      " but an epoch now has " + std::to_string(run.batches_per_epoch) + " batches per rank (the "
+                      "dataset or train.batch_size changed since this checkpoint)");
+    }
+    if (static_cast<int64_t>(r) == (state.world_size == run.world_size ? rank : 0)) {
+      out.loader = p;
+      if (move) {
+        out.moved = changed + ": continuing at sample " + std::to_string(sample) + " of epoch " +
+                    std::to_string(p.epoch) + " (batch " + std::to_string(p.batch_index) + ")";
+      }
     }
   }
+  return out;
 }
 
 }  // namespace pi0::train

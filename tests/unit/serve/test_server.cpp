@@ -507,18 +507,19 @@ TEST_CASE("pi0-serve: bad flags and bundles are one-line errors with exit code 2
 
 // Issue 23 item 6: the handlers are installed first thing, so a stop during start-up ends the process with exit 0
 // and a message instead of 143 with none; and a SIGINT inherited as ignored (a background job of a shell) is not
-// lost. The signal goes out at the first line the app prints before serving: its thread counts (before the load)
-// or the load's warning about a bundle without manifest.json (printed first by builds without the thread line).
-// Before the fix: SIGTERM exited 143, SIGINT 130, and the ignored SIGINT let the server start anyway.
+// lost. Before the fix: SIGTERM exited 143, SIGINT 130, and the ignored SIGINT let the server start anyway.
+// Issue 32 item 8: the signal used to go out at the first line the app printed, and on a busy machine the tiny
+// bundle was loaded before it arrived (the app served and stopped normally). Now the load waits at its test pause
+// (PI0_TEST_PAUSE=bundle_load) until the signal has arrived: the stop provably lands mid-load.
 TEST_CASE("pi0-serve: SIGTERM or an inherited-ignored SIGINT during the bundle's load exits 0 before serving", "[serve]") {
   TempDir dir("pi0serve");
   const auto b = make_tiny_bundle(dir, "libero");
-  std::filesystem::remove(b.bundle + "/manifest.json");  // load_bundle warns first thing: the load has begun
+  const testing::TestPause pause("bundle_load");
   for (const auto& [sig, ignored] : {std::pair<int, bool>{SIGTERM, false}, {SIGINT, true}, {SIGINT, false}}) {
     INFO("signal " << sig << (ignored ? " (SIGINT inherited as ignored)" : ""));
     AppProcess app("pi0-serve", "--bundle " + b.bundle + " --host 127.0.0.1 --port 0", dir,
                    "load_sig" + std::to_string(sig) + (ignored ? "_ign" : ""), ignored);
-    REQUIRE(app.wait_for({"threads: aten", "no manifest.json"}));
+    REQUIRE(app.wait_for({pause.paused_line()}));
     CHECK(app.stop(sig) == 0);
     INFO("stdout: " << app.stdout_text() << "\nstderr: " << app.stderr_text());
     CHECK_THAT(app.stderr_text(), Contains("pi0-serve: stopped before serving"));

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cstdlib>
@@ -12,10 +14,12 @@
 
 #include "pi0/common/check.h"
 #include "pi0/io/checkpoint_dir.h"
+#include "pi0/train/checkpointer.h"
 #include "pi0/train/metrics.h"
 #include "pi0/train/plot.h"
 #include "pi0/train/signals.h"
 #include "support/app_process.h"
+#include "support/log_capture.h"
 #include "support/test_support.h"
 
 using namespace pi0;
@@ -146,6 +150,64 @@ TEST_CASE("pruning never deletes or counts checkpoints that failed verification 
   CHECK(complete_checkpoints(run) == std::vector<int64_t>{30, 35});
   CHECK(remove_stale_temp_checkpoints(run).empty());  // set-aside directories are not temporary
   CHECK(fs::exists(aside));
+}
+
+// Issue 32 item 9: rotation deleted a checkpoint by removing COMPLETE first; a kill -9 before the files went left a
+// <step>/ without the marker, which every later start leaves alone (it may be foreign): a whole checkpoint leaked
+// for good. Here a child process runs the rotation and dies (_exit, as a kill would) at the k-th deletion point, for
+// every k; the next start (Checkpointer::open_run_dir) and the next rotation must leave exactly the kept checkpoint
+// and the foreign directory. Before the fix, a death after the marker's removal left checkpoints/2/ forever.
+TEST_CASE("a kill at any point of a rotation's deletion leaks no checkpoint, and foreign directories stay",
+          "[unit][train][checkpoint]") {
+  int points = 0;  // deletion points the rotation passes when nothing kills it
+  for (int k = 1;; ++k) {
+    INFO("killed at deletion point " << k);
+    testing::TempDir dir("pi0ckpt");
+    const auto run = dir.str("run");
+    save(run, 2, "old");
+    save(run, 4, "new");
+    const auto ckpts = fs::path(run) / "checkpoints";
+    fs::create_directories(ckpts / "7");  // foreign: no COMPLETE, not ours
+    write_file(ckpts / "7" / "notes.txt", "keep me");
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      set_deletion_fault_hook([k, n = 0](DeletionPoint) mutable {
+        if (++n == k) ::_exit(0);
+      });
+      prune_checkpoints(run, /*keep_last=*/1, /*keep_period=*/0);
+      ::_exit(3);  // the deletion passed fewer than k points
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    const bool finished = WEXITSTATUS(status) == 3;
+    if (!finished) REQUIRE(WEXITSTATUS(status) == 0);
+    // The next start, then its first rotation.
+    const bool was_renamed = fs::exists(ckpts / ".deleting_2");
+    testing::LogCapture log;
+    train::Checkpointer(config::load_config(std::string(PI0_SOURCE_DIR) + "/configs/debug.yaml",
+                                            {"checkpoint.run_dir=" + run}),
+                        0, 1, nullptr)
+        .open_run_dir();
+    CHECK_FALSE(fs::exists(ckpts / ".deleting_2"));
+    if (was_renamed) {
+      CHECK_THAT(log.text(), Contains("removed 1 checkpoint(s) whose deletion an earlier run did not finish: .deleting_2"));
+    }
+    prune_checkpoints(run, 1, 0);
+    std::set<std::string> entries;
+    for (const auto& e : fs::directory_iterator(ckpts)) entries.insert(e.path().filename().string());
+    CHECK(entries == std::set<std::string>{"4", "7"});
+    CHECK(read_file(ckpts / "7" / "notes.txt") == "keep me");
+    CHECK(read_file(ckpts / "4" / "model.safetensors") == "new");
+    if (finished) {
+      points = k - 1;
+      break;
+    }
+  }
+  set_deletion_fault_hook({});
+  // Before the rename, after it, once it is on disk, and after each of the checkpoint's 3 entries.
+  CHECK(points == 6);
 }
 
 TEST_CASE("SIGTERM sets the stop flag and re-arms the default action", "[unit][train]") {

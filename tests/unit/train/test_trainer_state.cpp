@@ -13,7 +13,7 @@ using Catch::Contains;
 
 TEST_CASE("trainer_state.json round-trips and reads older single-process files", "[unit][train]") {
   testing::TempDir dir("pi0state");
-  TrainerState s;
+  TrainerStateFile s;
   s.step = 40;
   s.world_size = 2;
   s.nonfinite_skips = 1;
@@ -29,17 +29,60 @@ TEST_CASE("trainer_state.json round-trips and reads older single-process files",
   CHECK(old.world_size == 1);
   CHECK(old.nonfinite_skips == 0);
   CHECK((old.rank_loaders == std::vector<data::LoaderPosition>{{0, 7}}));
-  CHECK_NOTHROW(check_resumable(old, dir.str(), 1, 8));
-  CHECK_THROWS_WITH(check_resumable(old, dir.str(), 1, 7),
+  // A run of 1 rank, 8 batches per epoch, train.batch_size 8 (the older file records no batch size: taken as is).
+  const RunGeometry one{1, 8, 8, 1};
+  CHECK(resume_position(old, dir.str(), one, 0).loader == data::LoaderPosition{0, 7});
+  CHECK(resume_position(old, dir.str(), one, 0).moved.empty());
+  CHECK_THROWS_WITH((resume_position(old, dir.str(), {1, 7, 8, 1}, 0)),
                     Contains("'rank_loaders[0].batch_index' is 7 but an epoch now has 7 batches per rank"));
   // Another world size: fine when every rank stopped at the same global batch, refused when they differ.
-  CHECK_NOTHROW(check_resumable(old, dir.str(), 2, 8));
+  CHECK_NOTHROW(resume_position(old, dir.str(), {2, 8, 8, 1}, 1));
   auto same = s;
   same.rank_loaders = {{1, 3}, {1, 3}};
-  CHECK_NOTHROW(check_resumable(same, dir.str(), 1, 8));
-  CHECK_NOTHROW(check_resumable(s, dir.str(), 2, 8));
-  CHECK_THROWS_WITH(check_resumable(s, dir.str(), 1, 8),
+  CHECK_NOTHROW(resume_position(same, dir.str(), one, 0));
+  CHECK(resume_position(s, dir.str(), {2, 8, 8, 1}, 1).loader == data::LoaderPosition{1, 4});  // its own position
+  CHECK_THROWS_WITH(resume_position(s, dir.str(), one, 0),
                     Contains("written by 2 ranks whose loader positions differ") && Contains("resume it with the same"));
+}
+
+// Issue 32 item 4: the loader position counts batches of train.batch_size / grad_accum_steps samples; when that
+// changes, the run continues at the same sample of the epoch, or the checkpoint is refused when no batch starts there.
+TEST_CASE("trainer_state.json: another batch size continues at the same sample of the epoch", "[unit][train][checkpoint]") {
+  testing::TempDir dir("pi0state");
+  TrainerStateFile s;
+  s.step = 30;
+  s.rank_loaders = {{1, 6}};  // sample 24 of epoch 1 at 4 samples per batch
+  s.global_batch_size = 4;
+  s.grad_accum_steps = 1;
+  std::ofstream(dir.str(kTrainerStateFile)) << to_json(s).dump(2);
+  const auto back = read_trainer_state(dir.str());
+  CHECK(back.global_batch_size == 4);
+  CHECK(back.grad_accum_steps == 1);
+  auto p = resume_position(back, dir.str(), {1, 10, 8, 1}, 0);
+  CHECK(p.loader == data::LoaderPosition{1, 3});
+  CHECK(p.moved == "train.batch_size changed 4 → 8: continuing at sample 24 of epoch 1 (batch 3)");
+  CHECK(resume_position(back, dir.str(), {1, 10, 4, 1}, 0).moved.empty());  // unchanged
+  CHECK_THROWS_WITH((resume_position(back, dir.str(), {1, 10, 16, 1}, 0)),
+                    Contains(dir.str(kTrainerStateFile) + ": the run stopped at sample 24 of epoch 1") &&
+                        Contains("no batch of 16 samples starts at (train.batch_size changed 4 → 16)"));
+  CHECK_THROWS_WITH((resume_position(back, dir.str(), {1, 2, 8, 1}, 0)),
+                    Contains("'rank_loaders[0].batch_index' is 6 (batch 3 of 8 samples now) but an epoch now has 2"));
+  // Gradient accumulation: a loader batch is a micro-batch of batch_size / grad_accum_steps samples.
+  auto accum = back;
+  accum.global_batch_size = 8;
+  accum.grad_accum_steps = 2;
+  CHECK(resume_position(accum, dir.str(), {1, 10, 8, 1}, 0).moved ==
+        "train.grad_accum_steps changed 2 → 1: continuing at sample 24 of epoch 1 (batch 3)");
+  CHECK(resume_position(accum, dir.str(), {1, 10, 16, 4}, 0).moved.empty());  // 4 samples per micro-batch still
+  // Another world size and batch size at once: every rank continues at the global sample.
+  auto two = accum;
+  two.world_size = 2;
+  two.grad_accum_steps = 1;
+  two.rank_loaders = {{0, 4}, {0, 4}};  // sample 32
+  CHECK(resume_position(two, dir.str(), {1, 10, 16, 1}, 0).loader == data::LoaderPosition{0, 2});
+  // Both fields or neither.
+  std::ofstream(dir.str(kTrainerStateFile)) << R"({"step": 1, "loader": {"epoch": 0, "batch_index": 0}, "global_batch_size": 4})";
+  CHECK_THROWS_WITH(read_trainer_state(dir.str()), Contains(": field 'grad_accum_steps' is missing"));
 }
 
 TEST_CASE("malformed trainer_state.json fields are errors naming the file and the field", "[unit][train]") {
