@@ -196,6 +196,57 @@ std::string format_held_state(int64_t rank, int64_t world_size, int64_t optimize
          std::to_string(ema_bytes) + " and " + std::to_string(grad_bytes) + " bytes; dist.shard=" + shard + ")";
 }
 
+std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size) {
+  const int64_t per_rank = config::micro_batch_size(cfg.train, world_size) * cfg.train.grad_accum_steps;
+  // The persistent state does not depend on the micro-batch; the activations do.
+  const RankMemory rank = plan_rank_memory(cfg, world_size);
+  auto peak_at = [&](int64_t micro_batch) {
+    auto c = cfg;
+    c.train.grad_accum_steps = per_rank / micro_batch;
+    return rank.peak_bytes(plan_memory(c, world_size).activations);
+  };
+  std::vector<CardFit> fits;
+  for (const int64_t card_gib : {24, 40, 48, 80}) {
+    CardFit f;
+    f.card_gib = card_gib;
+    f.budget_bytes = (card_gib << 30) - kCardReserveBytes;
+    for (int64_t m = per_rank; m >= 1; --m) {
+      if (per_rank % m != 0) continue;
+      const int64_t peak = peak_at(m);
+      if (peak <= f.budget_bytes) {
+        f.micro_batch = m, f.grad_accum_steps = per_rank / m, f.peak_bytes = peak;
+        break;
+      }
+      if (m == 1) f.peak_bytes = peak;
+    }
+    fits.push_back(f);
+  }
+  return fits;
+}
+
+namespace {
+// "fits on GPUs (...): 24 GB micro-batch 16 × 2 accumulation steps (17.77 GiB) · ... · 80 GB micro-batch 32
+// (24.19 GiB)": one line.
+std::string format_card_fits(const std::vector<CardFit>& fits, int64_t world_size) {
+  std::string out = printf_string("fits on GPUs%s (the plan's peak within the card less %.0f GiB for the CUDA "
+                                  "context and allocator):", world_size > 1 ? " per rank" : "", gib(kCardReserveBytes));
+  for (size_t i = 0; i < fits.size(); ++i) {
+    const auto& f = fits[i];
+    out += i == 0 ? " " : " · ";
+    if (f.micro_batch == 0) {
+      out += printf_string("%lld GB no (%.2f GiB at micro-batch 1)", static_cast<long long>(f.card_gib),
+                           gib(f.peak_bytes));
+    } else {
+      const std::string accumulate =
+          f.grad_accum_steps > 1 ? " × " + std::to_string(f.grad_accum_steps) + " accumulation steps" : "";
+      out += printf_string("%lld GB micro-batch %lld%s (%.2f GiB)", static_cast<long long>(f.card_gib),
+                           static_cast<long long>(f.micro_batch), accumulate.c_str(), gib(f.peak_bytes));
+    }
+  }
+  return out + "\n";
+}
+}  // namespace
+
 std::string format_memory_report(const config::Config& cfg, int64_t world_size, bool weights_from_file) {
   const Report r = make_report(cfg, world_size, weights_from_file);
   const auto& plan = r.plan;
@@ -218,6 +269,7 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
                          gib(r.training_peak + r.beyond_tensors), gib(plan.runtime_bytes),
                          gib(plan.allocator_slack_bytes));
   }
+  out += format_card_fits(plan_card_fits(cfg, world_size), world_size);
   if (r.startup_peak > r.training_peak) {
     out += printf_string("start-up peak: %.2f GiB of tensors, %.2f GiB resident (random initialization in float32; "
                          "set checkpoint.init_weights to build directly in the storage dtypes)\n",
@@ -240,6 +292,15 @@ nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size,
   j["runtime_bytes"] = plan.runtime_bytes;
   j["allocator_slack_bytes"] = plan.allocator_slack_bytes;
   j["resident_peak_bytes"] = r.peak + r.beyond_tensors;  // compare with the peak RSS
+  auto cards = nlohmann::json::array();
+  for (const auto& f : plan_card_fits(cfg, world_size)) {
+    cards.push_back({{"card_gib", f.card_gib},
+                     {"budget_bytes", f.budget_bytes},
+                     {"micro_batch", f.micro_batch},
+                     {"grad_accum_steps", f.grad_accum_steps},
+                     {"peak_bytes", f.peak_bytes}});
+  }
+  j["gpu_cards"] = cards;
   return j;
 }
 

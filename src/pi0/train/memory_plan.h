@@ -113,6 +113,26 @@ nlohmann::json rank_memory_json(const RankMemory& m);
 /// Aligned text block, memory in GiB: one line per term, then the persistent total.
 std::string format_rank_memory(const RankMemory& m);
 
+/// Whether a config fits one of the GPUs users commonly own, and at which micro-batch.
+struct CardFit {
+  /// The card's memory as sold, in GiB (GB on the box; CUDA reports about that many GiB): 24 (RTX 3090/4090),
+  /// 40 (A100 40GB), 48 (RTX A6000, L40S), 80 (A100/H100 80GB).
+  int64_t card_gib = 0;
+  /// What the planned tensors may use: the card less kCardReserveBytes.
+  int64_t budget_bytes = 0;
+  /// The largest per-rank micro-batch (a divisor of train.batch_size / world size, so the global batch is kept with
+  /// train.grad_accum_steps = per-rank batch / micro_batch) whose planned peak fits the budget; 0 when not even 1 fits.
+  int64_t micro_batch = 0;
+  int64_t grad_accum_steps = 0;  ///< per-rank batch / micro_batch (0 when nothing fits)
+  int64_t peak_bytes = 0;        ///< the planned peak at micro_batch (at micro-batch 1 when nothing fits)
+};
+/// Kept free on a card for the CUDA context and the caching allocator's fragmentation: 2 GiB. Issue 33 sets
+/// 22 GiB of tensors as what a 24 GB card holds, and on an H100 the plan's 68.3 GiB measured 69.4 GiB.
+constexpr int64_t kCardReserveBytes = 2ll << 30;
+/// The common cards (24, 40, 48, 80 GiB) for `cfg` at `world_size` ranks, with its precision, freezing, EMA,
+/// gradient checkpointing and dist.shard; only the micro-batch (train.grad_accum_steps) varies.
+std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size);
+
 /// The report of `pi0-train --print-params` for a job of `world_size` ranks: the parameter breakdown
 /// (format_breakdown), the per-rank shares when world_size > 1 (format_rank_memory), the activations of one
 /// micro-batch, the predicted training peak (tensors on a GPU; tensors and resident memory on the CPU) and, when it
@@ -122,7 +142,8 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
 
 /// The same report as JSON: breakdown_json plus startup_peak_bytes, micro_batch, activation_bytes,
 /// activation_transient_bytes, peak_bytes (tensors), per_rank (rank_memory_json), runtime_bytes,
-/// allocator_slack_bytes and resident_peak_bytes (compare with the peak RSS).
+/// allocator_slack_bytes, resident_peak_bytes (compare with the peak RSS) and gpu_cards (plan_card_fits: card_gib,
+/// budget_bytes, micro_batch, grad_accum_steps, peak_bytes each).
 nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size, bool weights_from_file);
 
 /// The log line of what one rank of a multi-process run holds, measured from its tensors: "rank 1 of 2 holds 1.18 MiB

@@ -182,3 +182,56 @@ TEST_CASE("per-rank memory plan: one rank is the whole-model plan, sharding lowe
     CHECK(json.at("persistent_bytes").get<int64_t>() == train::plan_rank_memory(cfg, 3).persistent_bytes());
   }
 }
+
+TEST_CASE("GPU card fit: the largest micro-batch whose planned peak fits each card, the global batch kept",
+          "[unit][train]") {
+  const std::string dir = std::string(PI0_SOURCE_DIR) + "/configs/";
+  for (const std::string name : {"pi0_libero.yaml", "pi05_libero_lora.yaml"}) {
+    for (const std::string checkpointing : {"true", "false"}) {
+      CAPTURE(name, checkpointing);
+      const auto cfg = config::load_config(dir + name, {"train.gradient_checkpointing=" + checkpointing});
+      const int64_t per_rank = cfg.train.batch_size;
+      const auto rank = train::plan_rank_memory(cfg, 1);
+      auto peak_at = [&](int64_t micro_batch) {
+        auto c = cfg;
+        c.train.grad_accum_steps = per_rank / micro_batch;
+        return rank.peak_bytes(train::plan_memory(c, 1).activations);
+      };
+      const auto fits = train::plan_card_fits(cfg, 1);
+      REQUIRE(fits.size() == 4);
+      int64_t previous = 0;
+      for (const auto& f : fits) {
+        CAPTURE(f.card_gib);
+        CHECK(f.budget_bytes == (f.card_gib << 30) - train::kCardReserveBytes);
+        // A bigger card never takes a smaller micro-batch.
+        CHECK(f.micro_batch >= previous);
+        previous = f.micro_batch;
+        if (f.micro_batch == 0) {
+          CHECK(f.peak_bytes == peak_at(1));
+          CHECK(f.peak_bytes > f.budget_bytes);
+          continue;
+        }
+        CHECK(per_rank % f.micro_batch == 0);
+        CHECK(f.grad_accum_steps * f.micro_batch == per_rank);
+        CHECK(f.peak_bytes == peak_at(f.micro_batch));
+        CHECK(f.peak_bytes <= f.budget_bytes);
+        // The next larger micro-batch that keeps the global batch does not fit.
+        for (int64_t m = f.micro_batch + 1; m <= per_rank; ++m) {
+          if (per_rank % m == 0) {
+            CHECK(peak_at(m) > f.budget_bytes);
+            break;
+          }
+        }
+      }
+      // pi0's full fine-tune holds ~68 GiB of state (float32 master, AdamW, EMA, casts): never on a 24 GB card.
+      if (name == "pi0_libero.yaml") CHECK(fits[0].micro_batch == 0);
+    }
+  }
+  // The report carries them, as text and JSON.
+  const auto cfg = config::load_config(dir + "pi0_libero.yaml");
+  CHECK_THAT(train::format_memory_report(cfg, 1, true), Catch::Contains("fits on GPUs (the plan's peak within"));
+  const auto json = train::memory_report_json(cfg, 1, true);
+  REQUIRE(json.at("gpu_cards").size() == 4);
+  CHECK(json.at("gpu_cards")[3].at("card_gib") == 80);
+  CHECK(json.at("gpu_cards")[3].at("micro_batch") == train::plan_card_fits(cfg, 1)[3].micro_batch);
+}
