@@ -55,15 +55,23 @@ Report make_report(const config::Config& cfg, int64_t world_size, bool weights_f
 
 ParamBreakdown planned_breakdown(const config::Config& cfg) { return breakdown(make_placement(cfg)); }
 
+namespace {
+// Every camera slot goes through SigLIP, present or not (a missing camera is a masked black image).
+const int64_t kPlannedCameras = static_cast<int64_t>(model::kCameraNames.size());
+
+// The activations of one micro-batch of `micro_batch` samples under cfg's precision and checkpointing.
+model::ActivationMemory planned_activations(const config::Config& cfg, int64_t micro_batch) {
+  return model::activation_memory(model::options_from_config(cfg.model), micro_batch, kPlannedCameras,
+                                  cfg.train.precision == "float32" ? 4 : 2, cfg.train.gradient_checkpointing);
+}
+}  // namespace
+
 MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size) {
   MemoryPlan plan;
   plan.params = planned_breakdown(cfg);
   plan.micro_batch = config::micro_batch_size(cfg.train, world_size);
-  // Every camera slot goes through SigLIP, present or not (a missing camera is a masked black image).
-  plan.num_cameras = static_cast<int64_t>(model::kCameraNames.size());
-  plan.activations = model::activation_memory(model::options_from_config(cfg.model), plan.micro_batch,
-                                              plan.num_cameras, cfg.train.precision == "float32" ? 4 : 2,
-                                              cfg.train.gradient_checkpointing);
+  plan.num_cameras = kPlannedCameras;
+  plan.activations = planned_activations(cfg, plan.micro_batch);
   // The floor was measured with batches of one sample; larger batches add their queued and in-flight images
   // (without workers the loader builds one batch at a time on the trainer's thread).
   const int64_t local_batch = plan.micro_batch;  // what the loader builds per next()
@@ -198,26 +206,23 @@ std::string format_held_state(int64_t rank, int64_t world_size, int64_t optimize
 
 std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size) {
   const int64_t per_rank = config::micro_batch_size(cfg.train, world_size) * cfg.train.grad_accum_steps;
-  // The persistent state does not depend on the micro-batch; the activations do.
+  // The persistent state does not depend on the micro-batch; the activations do. Each micro-batch that keeps the
+  // global batch (a divisor of the per-rank batch), largest first, with its peak, planned once for all cards.
   const RankMemory rank = plan_rank_memory(cfg, world_size);
-  auto peak_at = [&](int64_t micro_batch) {
-    auto c = cfg;
-    c.train.grad_accum_steps = per_rank / micro_batch;
-    return rank.peak_bytes(plan_memory(c, world_size).activations);
-  };
+  std::vector<std::pair<int64_t, int64_t>> peaks;  // (micro-batch, peak bytes)
+  for (int64_t m = per_rank; m >= 1; --m)
+    if (per_rank % m == 0) peaks.emplace_back(m, rank.peak_bytes(planned_activations(cfg, m)));
   std::vector<CardFit> fits;
   for (const int64_t card_gib : {24, 40, 48, 80}) {
     CardFit f;
     f.card_gib = card_gib;
     f.budget_bytes = (card_gib << 30) - kCardReserveBytes;
-    for (int64_t m = per_rank; m >= 1; --m) {
-      if (per_rank % m != 0) continue;
-      const int64_t peak = peak_at(m);
+    f.peak_bytes = peaks.back().second;  // micro-batch 1, when none fits
+    for (const auto& [m, peak] : peaks) {
       if (peak <= f.budget_bytes) {
         f.micro_batch = m, f.grad_accum_steps = per_rank / m, f.peak_bytes = peak;
         break;
       }
-      if (m == 1) f.peak_bytes = peak;
     }
     fits.push_back(f);
   }

@@ -114,7 +114,6 @@ void Trainer::build_model() {
   // Freezing, storage and compute dtypes: the placement the memory plan counts (placement.h), before anything is
   // loaded, so weights read from a file land directly in their storage dtype.
   apply_placement(*model_, placement_, from_file);
-  trainable_ = placement_.trainable_mask();
   const auto& precision = cfg_.train.precision;
   if (!resume_dir_ && !ck.init_weights.empty()) {
     io::LoadOptions lo;
@@ -128,12 +127,11 @@ void Trainer::build_model() {
       else if (m == "state_proj" && !model_->state_proj.is_empty()) model_->state_proj->initialize();
       else PI0_CHECK(false, "no re-initialization for '", m, "'");
     }
-    const bool partial = std::find(trainable_.begin(), trainable_.end(), false) != trainable_.end();
-    if (partial && !ck.self_contained && rank0) {
+    // A partial fine-tune (something frozen): the base is read in the frozen parameters' storage dtype.
+    const auto frozen = std::find_if(placement_.params.begin(), placement_.params.end(),
+                                     [](const ParamPlacement& p) { return !p.trainable; });
+    if (frozen != placement_.params.end() && !ck.self_contained && rank0) {
       auto base_ref = io::make_base_ref(ck.init_weights);
-      // The base is read in the frozen parameters' storage dtype (placement.h).
-      const auto frozen = std::find_if(placement_.params.begin(), placement_.params.end(),
-                                       [](const ParamPlacement& p) { return !p.trainable; });
       if (frozen->storage == torch::kBFloat16) base_ref.frozen_dtype = "BF16";
       spdlog::info("checkpoints store what trains and refer to the frozen base {} (checksum {}); "
                    "checkpoint.self_contained=true stores everything",
@@ -155,7 +153,7 @@ void Trainer::build_model() {
   NamedTensors trainable;
   size_t i = 0;
   for (auto& item : model_->named_parameters()) {
-    if (trainable_[i++]) trainable.emplace_back(item.key(), item.value());
+    if (placement_.params[i++].trainable) trainable.emplace_back(item.key(), item.value());
   }
   if (trainable.empty()) throw UserError("train.freeze '" + cfg_.train.freeze + "' leaves nothing to train");
   trainable_params_ = trainable;

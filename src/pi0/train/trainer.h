@@ -114,8 +114,7 @@ class Trainer {
   RunOptions options_;
   torch::Device device_{torch::kCPU};
   model::Pi0 model_{nullptr};
-  PlacementTable placement_;     ///< where each parameter lives and in which dtype; what the memory plan counts
-  std::vector<bool> trainable_;  ///< placement_'s trainable flags (named_parameters() order)
+  PlacementTable placement_;  ///< where each parameter lives and in which dtype; what the memory plan counts
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;
   std::shared_ptr<distributed::ProcessGroup> pg_;  ///< null in single-process runs
