@@ -40,6 +40,7 @@
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 #ifdef PI0_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #endif
 
@@ -81,6 +82,9 @@ struct Args {
   std::string freeze;      ///< non-empty: train.freeze preset for every row (e.g. lora, action-expert-only)
   std::string checkpointing_modes = "0,1";  ///< gradient checkpointing rows: off (0), on (1)
   bool save_checkpoint = false;  ///< the trainer's checkpoint after the last step (not timed; off: nothing to clean)
+  std::string offload = "none";  ///< train.offload for every row
+  int64_t grad_accum = 1;        ///< train.grad_accum_steps for every row (the batch is the global one)
+  double gpu_gib = 0;            ///< > 0: cap the CUDA caching allocator at this many GiB (emulates a smaller card)
   // child mode
   bool child = false;
   std::string precision = "float32";
@@ -118,6 +122,10 @@ std::optional<Args> parse_args(int argc, char** argv) {
   cli->add_option("--peak-tflops", a.peak_tflops, "the device's dense bf16 peak: adds model FLOPs utilization");
   cli->add_option("--freeze", a.freeze, "train.freeze preset for every row");
   cli->add_option("--checkpointing-modes", a.checkpointing_modes, "gradient checkpointing rows: 0 (off), 1 (on)");
+  cli->add_option("--offload", a.offload, "train.offload for every row: none, optimizer or auto");
+  cli->add_option("--grad-accum", a.grad_accum, "train.grad_accum_steps for every row")->check(app::int_in(1));
+  cli->add_option("--gpu-gib", a.gpu_gib,
+                  "cap the CUDA caching allocator at this many GiB (setMemoryFraction): a 24 GB card is --gpu-gib 22");
   cli->add_flag("--save-checkpoint", a.save_checkpoint, "also save the final checkpoint (off: benchmarks measure steps)");
   // One configuration in a fresh process (the parent runs this binary with them).
   cli->add_flag("--child", a.child, "internal: run one configuration")->group("");
@@ -166,6 +174,8 @@ config::Config bench_config(const Args& a, int64_t batch) {
   cfg.train.device = a.device;
   cfg.checkpoint.init_weights = "";  // throughput does not depend on the weights' values
   cfg.train.gradient_checkpointing = a.checkpointing;
+  cfg.train.offload = a.offload;
+  cfg.train.grad_accum_steps = a.grad_accum;
   if (!a.freeze.empty()) cfg.train.freeze = a.freeze;
   cfg.train.num_steps = a.warmup + a.steps;
   cfg.train.log_interval = 1;
@@ -210,6 +220,15 @@ int run_child(const Args& a) {
   spdlog::set_level(spdlog::level::warn);
   pi0::set_num_threads(a.threads);  // ATen, OpenMP and the BLAS alike
   auto cfg = bench_config(a, a.batch);
+#ifdef PI0_WITH_CUDA
+  if (a.gpu_gib > 0 && torch::Device(a.device).is_cuda()) {
+    // The allocator refuses what would pass the cap as it would on a card of that size (the CUDA context is extra).
+    const torch::Device d(a.device);
+    const int index = d.has_index() ? d.index() : 0;
+    const double total = static_cast<double>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(std::min(1.0, a.gpu_gib * (1ull << 30) / total), index);
+  }
+#endif
   const fs::path run_dir = fs::path(a.dir) / ("run_" + std::to_string(::getpid()));
   fs::remove_all(run_dir);
   cfg.checkpoint.run_dir = run_dir.string();
@@ -254,6 +273,9 @@ int run_child(const Args& a) {
   const auto t = summarize(step_s), cpu = summarize(cpu_s);
   nlohmann::json out = {{"status", "ok"},
                         {"precision", a.precision},
+                        {"offload", a.offload},
+                        {"grad_accum_steps", a.grad_accum},
+                        {"gpu_cap_gib", a.gpu_gib},
                         {"gradient_checkpointing", a.checkpointing},
                         {"batch", cfg.train.batch_size},
                         {"step_s", step_s},
@@ -282,7 +304,9 @@ nlohmann::json spawn_child(const Args& a, const std::string& precision, bool che
                                    "--warmup", std::to_string(a.warmup), "--workers", std::to_string(a.workers),
                                    "--threads", std::to_string(a.threads), "--dir", a.dir, "--tokenizer", a.tokenizer,
                                    "--precision", precision, "--checkpointing", checkpointing ? "1" : "0",
-                                   "--batch", std::to_string(batch), "--out", out, "--device", a.device};
+                                   "--batch", std::to_string(batch), "--out", out, "--device", a.device,
+                                   "--offload", a.offload, "--grad-accum", std::to_string(a.grad_accum),
+                                   "--gpu-gib", std::to_string(a.gpu_gib)};
   if (!a.freeze.empty()) args.insert(args.end(), {"--freeze", a.freeze});
   if (!a.augment) args.push_back("--no-augment");
   if (a.save_checkpoint) args.push_back("--save-checkpoint");

@@ -576,3 +576,55 @@ TEST_CASE("ddp: a sharded checkpoint resumes at the same world size exactly and 
   }
 }
 
+
+TEST_CASE("ddp: train.offload=optimizer gives the plain two-rank run bit for bit, and refuses dist.shard",
+          "[dist][integration][offload]") {
+  if (!pi0::testing::apps_built({"pi0-train", "pi0-make-example-data", "pi0-norm-stats"})) return;
+  TempDir dir("pi0ddp_offload");
+  // bf16-mixed with EMA and two accumulation steps: the host accumulations are all-reduced in the buckets the plain
+  // run reduces its gradients in, so two ranks sum the same values in the same order.
+  const std::vector<std::string> common = {"train.precision=bf16-mixed", "train.ema_decay=0.9",
+                                           "train.grad_accum_steps=2"};
+  auto with = [&](std::string offload) {
+    auto s = common;
+    s.push_back("train.offload=" + offload);
+    return s;
+  };
+  run_ranks(train_args(dir.str("plain"), 4, with("none")), 2, dir.str("plain_rank"));
+  run_ranks(train_args(dir.str("offloaded"), 4, with("optimizer")), 2, dir.str("offloaded_rank"));
+  const auto a = records(dir.str("plain")), b = records(dir.str("offloaded"));
+  REQUIRE(a.size() == 4);
+  REQUIRE(b.size() == 4);
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].loss == b[i].loss);
+    CHECK(a[i].grad_norm == b[i].grad_norm);
+  }
+  const auto wa = final_weights(dir.str("plain")), wb = final_weights(dir.str("offloaded"));
+  REQUIRE(wa.size() == wb.size());
+  for (const auto& [name, t] : wa) {
+    INFO(name);
+    CHECK(torch::equal(t, wb.at(name)));
+  }
+  const auto ea = final_ema(dir.str("plain")), eb = final_ema(dir.str("offloaded"));
+  for (const auto& [name, t] : ea) {
+    INFO(name);
+    CHECK(torch::equal(t, eb.at(name)));
+  }
+  CHECK_THAT(read_text(dir.str("offloaded_rank0.log")), Catch::Contains("train.offload=optimizer"));
+
+  // With dist.shard the optimizer state would be split and offloaded at once: one line, every rank exits non-zero.
+  auto shard = with("optimizer");
+  shard.push_back("dist.shard=optimizer");
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r)
+    pids.push_back(spawn(train_args(dir.str("shard"), 2, shard), r, 2, port, dir.str("shard_rank" + std::to_string(r) + ".log")));
+  for (int r = 0; r < 2; ++r) {
+    const int rc = wait_exit(pids[static_cast<size_t>(r)], 60);
+    const auto log = read_text(dir.str("shard_rank" + std::to_string(r) + ".log"));
+    INFO(log);
+    CHECK(rc != 0);
+    CHECK(rc != -1);
+    CHECK_THAT(log, Catch::Contains("train.offload=optimizer with dist.shard=optimizer"));
+  }
+}

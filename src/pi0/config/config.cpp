@@ -518,6 +518,8 @@ void validate(const Config& c) {
           "a multiple of train.grad_accum_steps (" + std::to_string(t.grad_accum_steps) + ")");
   require(t.precision == "float32" || t.precision == "bf16-mixed" || t.precision == "bf16", "train.precision",
           "'" + t.precision + "'", "float32, bf16-mixed or bf16");
+  require(t.offload == "none" || t.offload == "optimizer" || t.offload == "auto", "train.offload",
+          "'" + t.offload + "'", "none, optimizer or auto");
   require(t.device == "cpu" || t.device.rfind("cuda", 0) == 0, "train.device", "'" + t.device + "'",
           "cpu, cuda or cuda:N");
   require(t.lr_warmup_steps >= 0, "train.lr_warmup_steps", t.lr_warmup_steps, ">= 0");

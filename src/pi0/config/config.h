@@ -156,6 +156,7 @@ struct TrainConfig {
   std::string precision = "bf16-mixed";
   bool gradient_checkpointing = false;
   bool weight_cast_cache = true;
+  std::string offload = "none";
   std::string freeze = "full";
   std::vector<std::string> trainable_include, trainable_exclude;
   int64_t lr_warmup_steps = 1000;
@@ -181,6 +182,7 @@ struct TrainConfig {
     v("precision", precision, "float32 | bf16-mixed (f32 master weights, bf16 matmuls) | bf16 (all bf16)");
     v("gradient_checkpointing", gradient_checkpointing, "recompute each transformer layer in backward to save memory");
     v("weight_cast_cache", weight_cast_cache, "bf16-mixed: cast float32 weights to bf16 once per step and reuse the copy in recomputation (costs 2 bytes per trainable weight during forward/backward)");
+    v("offload", offload, "none | optimizer (float32 master weights, AdamW moments, EMA and gradient accumulation in host memory; only the compute-dtype weights on the device) | auto (optimizer when the memory plan does not fit the GPU without it). See docs/memory.md");
     v("freeze", freeze, "trainable preset: full, projection-only, +vision, +language, action-expert-only, freeze-vision, lora, lora-only");
     v("trainable_include", trainable_include, "regexes (full match on parameter names) made trainable on top of the preset");
     v("trainable_exclude", trainable_exclude, "regexes (full match on parameter names) frozen on top of the preset");

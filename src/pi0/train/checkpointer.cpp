@@ -393,6 +393,7 @@ Checkpointer::Digests Checkpointer::save_model(const fs::path& tmp, const Checkp
       while (next_report <= done) next_report += 2ull << 30;
     }
   };
+  OptimizerOffload::MasterWeightsScope masters(s.offload);
   return {{io::kModelFile, io::save_model_weights(*s.model, (tmp / io::kModelFile).string(), so)}};
 }
 
@@ -477,6 +478,7 @@ Checkpointer::Digests Checkpointer::gather_sharded_digests(const fs::path& tmp, 
 
 Checkpointer::Digests Checkpointer::save_lora(const fs::path& tmp, const CheckpointedState& s) const {
   std::vector<std::pair<std::string, torch::Tensor>> lora;
+  OptimizerOffload::MasterWeightsScope masters(s.offload);
   for (const auto& item : s.model->named_parameters())
     if (item.key().find(".lora_") != std::string::npos) lora.emplace_back(item.key(), item.value());
   if (lora.empty()) return {};
@@ -539,6 +541,7 @@ void Checkpointer::restore(const std::string& dir, const CheckpointedState& s) {
 void Checkpointer::load_model(const std::string& dir, const CheckpointedState& s) {
   base_ref_.reset();
   base_names_.clear();
+  OptimizerOffload::MasterWeightsScope masters(s.offload);  // loads into the masters; the copies follow
   const auto base = io::load_checkpoint_weights(*s.model, dir, cfg_.checkpoint.init_weights,
                                                 "--set checkpoint.init_weights=NEW_PATH",
                                                 cfg_.checkpoint.reinit_mismatched_projections,

@@ -23,6 +23,7 @@
 #include "pi0/io/model_weights.h"
 #include "pi0/model/pi0.h"
 #include "pi0/train/ema.h"
+#include "pi0/train/offload.h"
 #include "pi0/train/optimizer.h"
 #include "pi0/train/trainer_state.h"
 
@@ -41,6 +42,9 @@ struct CheckpointedState {
   const NamedTensors* trainable = nullptr;  ///< every trainable parameter, whatever this rank's share
   int64_t* step = nullptr;                  ///< optimizer steps completed
   int64_t* nonfinite_skips = nullptr;       ///< steps skipped so far (train.max_nonfinite_skips)
+  /// train.offload=optimizer: the model holds device copies of what trains, the masters are here; the files are the
+  /// masters (the same files as without offload).
+  OptimizerOffload* offload = nullptr;
 };
 
 class Checkpointer {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
+#include <map>
 
 #include "pi0/common/check.h"
 #include "pi0/common/strings.h"
@@ -46,6 +47,8 @@ Report make_report(const config::Config& cfg, int64_t world_size, bool weights_f
   const bool from_file = weights_from_file || !cfg.checkpoint.init_weights.empty();
   r.startup_peak = from_file ? 0 : r.plan.params.total.total * 4;  // before the optimizer state exists
   r.training_peak = r.rank.peak_bytes(r.plan.activations);
+  // On the CPU the host-resident state is in the same memory as everything else.
+  if (cfg.train.device.rfind("cuda", 0) != 0) r.training_peak += r.rank.host_bytes;
   r.peak = std::max(r.startup_peak, r.training_peak);
   r.beyond_tensors = r.plan.runtime_bytes + r.plan.allocator_slack_bytes;
   return r;
@@ -79,9 +82,21 @@ MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size) {
   const int64_t batches_held = cfg.data.num_workers == 0 ? 1 : cfg.data.prefetch + cfg.data.num_workers;
   plan.runtime_bytes = MemoryPlan::kRuntimeFloorBytes + batches_held * (local_batch - 1) * image_bytes;
   plan.allocator_slack_bytes = plan.activations.peak();
+  if (plan.params.offload) plan.offload_in_flight_bytes = plan_rank_memory(cfg, world_size).in_flight_bytes;
   return plan;
 }
 
+
+namespace {
+// The layer a parameter belongs to ("...layers.12"), or its module path outside the layer stacks: gradients reach
+// the host layer by layer, so the device holds about two layers' worth at a time.
+std::string layer_of(const std::string& name) {
+  const auto at = name.find("layers.");
+  if (at == std::string::npos) return name.substr(0, name.rfind('.'));
+  const auto end = name.find('.', at + 7);
+  return name.substr(0, end);
+}
+}  // namespace
 
 int64_t RankMemory::peak_bytes(const model::ActivationMemory& activations) const {
   return persistent_bytes() - grad_bytes +
@@ -111,6 +126,25 @@ RankMemory plan_rank_memory(const PlacementTable& table, const ParamBreakdown& p
   m.trainable = params.total.trainable;
   m.weight_bytes = params.total.weight_bytes;
   m.cast_bytes = params.total.cast_bytes;
+  if (table.offload) {
+    PI0_CHECK(mode == distributed::ShardMode::kNone, "plan_rank_memory: train.offload with dist.shard=", shard);
+    // The device keeps the frozen weights and the copies; the gradients leave during backward, two layers' worth
+    // at most on the device at a time (one being produced, one being copied out).
+    std::map<std::string, int64_t> per_layer;
+    for (const auto& p : table.params) {
+      if (!p.on_host()) continue;
+      m.weight_bytes += p.device_copy_bytes() - p.weight_bytes();
+      per_layer[layer_of(p.name)] += p.device_copy_bytes();
+    }
+    std::vector<int64_t> sizes;
+    for (const auto& [layer, bytes] : per_layer) sizes.push_back(bytes);
+    std::sort(sizes.rbegin(), sizes.rend());
+    for (size_t i = 0; i < std::min<size_t>(2, sizes.size()); ++i) m.in_flight_bytes += sizes[i];
+    m.offload = true;
+    m.share_elements = params.total.trainable;
+    m.host_bytes = params.total.host_bytes + (world_size > 1 ? grad_total : 0);
+    return m;
+  }
   if (mode == distributed::ShardMode::kNone) {
     m.share_elements = params.total.trainable;
     m.grad_bytes = grad_total;
@@ -141,9 +175,41 @@ RankMemory plan_rank_memory(const PlacementTable& table, const ParamBreakdown& p
   return m;
 }
 
-RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size) {
-  const auto table = make_placement(cfg);
+RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size, bool offload) {
+  const auto table = make_placement(cfg, offload);
   return plan_rank_memory(table, breakdown(table), cfg.dist.shard, world_size, cfg.dist.bucket_size_mb << 20);
+}
+
+RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size) {
+  return plan_rank_memory(cfg, world_size, cfg.train.offload == "optimizer");
+}
+
+bool choose_offload(const config::Config& cfg, int64_t world_size, int64_t device_bytes, std::string* why) {
+  const auto& mode = cfg.train.offload;
+  if (mode != "auto") {
+    if (why) *why = "train.offload=" + mode;
+    return mode == "optimizer";
+  }
+  if (device_bytes <= 0) {
+    if (why) *why = "train.offload=auto: none (training on the CPU, where host and device memory are the same)";
+    return false;
+  }
+  const auto activations = planned_activations(cfg, config::micro_batch_size(cfg.train, world_size));
+  const int64_t budget = device_bytes - kCardReserveBytes;
+  const int64_t plain = plan_rank_memory(cfg, world_size, false).peak_bytes(activations);
+  if (plain <= budget) {
+    if (why)
+      *why = printf_string("train.offload=auto: none (the plan's peak %.2f GiB fits the GPU's %.2f GiB less %.0f GiB)",
+                           gib(plain), gib(device_bytes), gib(kCardReserveBytes));
+    return false;
+  }
+  const auto offloaded = plan_rank_memory(cfg, world_size, true);
+  if (why)
+    *why = printf_string("train.offload=auto: optimizer (the plan's peak %.2f GiB does not fit the GPU's %.2f GiB "
+                         "less %.0f GiB; with the optimizer on the host: %.2f GiB on the GPU, %.2f GiB of host memory)",
+                         gib(plain), gib(device_bytes), gib(kCardReserveBytes), gib(offloaded.peak_bytes(activations)),
+                         gib(offloaded.host_bytes));
+  return true;
 }
 
 nlohmann::json rank_memory_json(const RankMemory& m) {
@@ -159,7 +225,9 @@ nlohmann::json rank_memory_json(const RankMemory& m) {
           {"optimizer_bytes", m.optimizer_bytes},
           {"ema_bytes", m.ema_bytes},
           {"persistent_bytes", m.persistent_bytes()},
-          {"in_flight_bytes", m.in_flight_bytes}};
+          {"in_flight_bytes", m.in_flight_bytes},
+          {"offload", m.offload ? "optimizer" : "none"},
+          {"host_bytes", m.host_bytes}};
 }
 
 std::string format_rank_memory(const RankMemory& m) {
@@ -187,11 +255,14 @@ std::string format_rank_memory(const RankMemory& m) {
                              : "");
   add("optimizer", m.optimizer_bytes, sharded ? "this rank's share" : "all trainable");
   add("ema", m.ema_bytes, sharded ? "this rank's share" : "all trainable");
-  add("persistent", m.persistent_bytes(), "");
+  add("persistent", m.persistent_bytes(), m.offload ? "on the device" : "");
+  if (m.offload)
+    add("on the host", m.host_bytes, "train.offload=optimizer: master weights, gradients, AdamW, EMA");
   if (m.in_flight_bytes > 0)
     add("in flight (backward)", m.in_flight_bytes,
-        m.shard == "gradients" ? "at most: other ranks' gradient pieces being reduced"
-                               : "at most: a bucket being packed while its gradients still exist");
+        m.offload                ? "at most: two layers' gradients on their way to the host"
+        : m.shard == "gradients" ? "at most: other ranks' gradient pieces being reduced"
+                                 : "at most: a bucket being packed while its gradients still exist");
   return out;
 }
 
@@ -205,10 +276,14 @@ std::string format_held_state(int64_t rank, int64_t world_size, int64_t optimize
 }
 
 std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size) {
+  return plan_card_fits(cfg, world_size, false);
+}
+
+std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size, bool offload) {
   const int64_t per_rank = config::micro_batch_size(cfg.train, world_size) * cfg.train.grad_accum_steps;
   // The persistent state does not depend on the micro-batch; the activations do. Each micro-batch that keeps the
   // global batch (a divisor of the per-rank batch), largest first, with its peak, planned once for all cards.
-  const RankMemory rank = plan_rank_memory(cfg, world_size);
+  const RankMemory rank = plan_rank_memory(cfg, world_size, offload);
   std::vector<std::pair<int64_t, int64_t>> peaks;  // (micro-batch, peak bytes)
   for (int64_t m = per_rank; m >= 1; --m)
     if (per_rank % m == 0) peaks.emplace_back(m, rank.peak_bytes(planned_activations(cfg, m)));
@@ -217,6 +292,8 @@ std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_siz
     CardFit f;
     f.card_gib = card_gib;
     f.budget_bytes = (card_gib << 30) - kCardReserveBytes;
+    f.offload = offload;
+    f.host_bytes = rank.host_bytes;
     f.peak_bytes = peaks.back().second;  // micro-batch 1, when none fits
     for (const auto& [m, peak] : peaks) {
       if (peak <= f.budget_bytes) {
@@ -233,8 +310,12 @@ namespace {
 // "fits on GPUs (...): 24 GB micro-batch 16 × 2 accumulation steps (17.77 GiB) · ... · 80 GB micro-batch 32
 // (24.19 GiB)": one line.
 std::string format_card_fits(const std::vector<CardFit>& fits, int64_t world_size) {
-  std::string out = printf_string("fits on GPUs%s (the plan's peak within the card less %.0f GiB for the CUDA "
-                                  "context and allocator):", world_size > 1 ? " per rank" : "", gib(kCardReserveBytes));
+  const bool offload = !fits.empty() && fits[0].offload;
+  std::string out =
+      offload ? printf_string("with train.offload=optimizer (%.2f GiB of host memory%s):", gib(fits[0].host_bytes),
+                              world_size > 1 ? " per rank" : "")
+              : printf_string("fits on GPUs%s (the plan's peak within the card less %.0f GiB for the CUDA "
+                              "context and allocator):", world_size > 1 ? " per rank" : "", gib(kCardReserveBytes));
   for (size_t i = 0; i < fits.size(); ++i) {
     const auto& f = fits[i];
     out += i == 0 ? " " : " · ";
@@ -265,7 +346,10 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
   if (cfg.train.device.rfind("cuda", 0) == 0) {
     // Tensors live on the GPU there; the host-side runtime and glibc slack terms were calibrated on CPU runs.
     out += printf_string("predicted training peak%s: %.2f GiB of tensors on the GPU (+ the CUDA context and the "
-                         "caching allocator's reserve)\n", world_size > 1 ? " per rank" : "", gib(r.training_peak));
+                         "caching allocator's reserve)", world_size > 1 ? " per rank" : "", gib(r.training_peak));
+    out += r.rank.offload ? printf_string("; %.2f GiB of pinned host memory (train.offload=optimizer)\n",
+                                          gib(r.rank.host_bytes))
+                          : std::string("\n");
   } else {
     out += printf_string("predicted training peak%s: %.2f GiB of tensors; resident (peak RSS) %.2f GiB with the "
                          "process runtime (%.2f GiB: libraries, threads, data loader) and the allocator's slack "
@@ -274,7 +358,9 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
                          gib(r.training_peak + r.beyond_tensors), gib(plan.runtime_bytes),
                          gib(plan.allocator_slack_bytes));
   }
-  out += format_card_fits(plan_card_fits(cfg, world_size), world_size);
+  out += format_card_fits(plan_card_fits(cfg, world_size, false), world_size);
+  if (cfg.dist.shard == "none" || world_size == 1)
+    out += format_card_fits(plan_card_fits(cfg, world_size, true), world_size);
   if (r.startup_peak > r.training_peak) {
     out += printf_string("start-up peak: %.2f GiB of tensors, %.2f GiB resident (random initialization in float32; "
                          "set checkpoint.init_weights to build directly in the storage dtypes)\n",
@@ -297,13 +383,21 @@ nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size,
   j["runtime_bytes"] = plan.runtime_bytes;
   j["allocator_slack_bytes"] = plan.allocator_slack_bytes;
   j["resident_peak_bytes"] = r.peak + r.beyond_tensors;  // compare with the peak RSS
+  j["host_bytes"] = r.rank.host_bytes;
   auto cards = nlohmann::json::array();
-  for (const auto& f : plan_card_fits(cfg, world_size)) {
+  auto fits = plan_card_fits(cfg, world_size, false);
+  if (cfg.dist.shard == "none" || world_size == 1) {
+    const auto offloaded = plan_card_fits(cfg, world_size, true);
+    fits.insert(fits.end(), offloaded.begin(), offloaded.end());
+  }
+  for (const auto& f : fits) {
     cards.push_back({{"card_gib", f.card_gib},
+                     {"offload", f.offload ? "optimizer" : "none"},
                      {"budget_bytes", f.budget_bytes},
                      {"micro_batch", f.micro_batch},
                      {"grad_accum_steps", f.grad_accum_steps},
-                     {"peak_bytes", f.peak_bytes}});
+                     {"peak_bytes", f.peak_bytes},
+                     {"host_bytes", f.host_bytes}});
   }
   j["gpu_cards"] = cards;
   return j;

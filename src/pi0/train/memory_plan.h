@@ -63,7 +63,14 @@ struct MemoryPlan {
   /// blocks are still on its free lists (measurements, and why glibc's default threshold stays:
   /// docs/benchmarks.md, "Full-size start-up, memory and checkpoints").
   int64_t allocator_slack_bytes = 0;
+  /// train.offload=optimizer: the gradients on their way from the device to the host accumulation (which is kept,
+  /// part of params.total.memory_bytes()): RankMemory::in_flight_bytes.
+  int64_t offload_in_flight_bytes = 0;
   int64_t peak_bytes() const {
+    if (params.offload) {
+      return params.total.memory_bytes() +
+             std::max(activations.saved, offload_in_flight_bytes + activations.last_layer) + activations.transient;
+    }
     const int64_t grads = params.total.grad_bytes;
     return params.total.memory_bytes() - grads +
            std::max(activations.saved, grads + activations.last_layer) + activations.transient;
@@ -87,8 +94,15 @@ struct RankMemory {
   int64_t reducer_bytes = 0;    ///< reduction buffers kept between steps (none: gradients are views of them)
   int64_t optimizer_bytes = 0;  ///< AdamW exp_avg + exp_avg_sq
   int64_t ema_bytes = 0;        ///< float32 EMA (0 when train.ema_decay is 0)
-  /// dist.shard=gradients: bound on other ranks' gradient pieces alive during backward (0 otherwise).
+  /// dist.shard=gradients: bound on other ranks' gradient pieces alive during backward (0 otherwise); with
+  /// train.offload=optimizer: the gradients on their way to the host (two layers' worth).
   int64_t in_flight_bytes = 0;
+  /// train.offload=optimizer: the device holds the frozen weights and the copies of what trains (weight_bytes), no
+  /// gradients, AdamW or EMA (0 here); host_bytes is what the host holds for it: master weights, gradient
+  /// accumulation, AdamW moments, EMA (and with data parallelism the averaged gradients, views of the all-reduce
+  /// buckets). Not part of persistent_bytes(), which is the device's.
+  bool offload = false;
+  int64_t host_bytes = 0;
 
   int64_t persistent_bytes() const {
     return weight_bytes + cast_bytes + grad_bytes + reducer_bytes + optimizer_bytes + ema_bytes;
@@ -104,8 +118,16 @@ struct RankMemory {
 RankMemory plan_rank_memory(const PlacementTable& table, const ParamBreakdown& params, const std::string& shard,
                             int64_t world_size, int64_t bucket_bytes);
 
-/// The same for a config (dist.shard, dist.bucket_size_mb, the freeze preset, precision, EMA, cast cache).
+/// The same for a config (dist.shard, dist.bucket_size_mb, the freeze preset, precision, EMA, cast cache) with
+/// train.offload resolved to `offload`.
+RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size, bool offload);
+/// The same with train.offload as written ("auto" counts as none).
 RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size);
+
+/// train.offload resolved: none and optimizer as written; auto picks the optimizer offload when the plan without it
+/// (at the configured micro-batch) does not fit `device_bytes` (the GPU's memory) less kCardReserveBytes, and never
+/// on the CPU (device_bytes 0: nothing to gain). `why` gets one line for the log.
+bool choose_offload(const config::Config& cfg, int64_t world_size, int64_t device_bytes, std::string* why);
 
 /// {"world_size", "shard", "rank", "share_elements", "weight_bytes", …, "persistent_bytes"}.
 nlohmann::json rank_memory_json(const RankMemory& m);
@@ -125,12 +147,17 @@ struct CardFit {
   int64_t micro_batch = 0;
   int64_t grad_accum_steps = 0;  ///< per-rank batch / micro_batch (0 when nothing fits)
   int64_t peak_bytes = 0;        ///< the planned peak at micro_batch (at micro-batch 1 when nothing fits)
+  bool offload = false;          ///< planned with train.offload=optimizer
+  int64_t host_bytes = 0;        ///< host memory the offloaded state takes (0 without offload)
 };
 /// Kept free on a card for the CUDA context and the caching allocator's fragmentation: 2 GiB. Issue 33 sets
 /// 22 GiB of tensors as what a 24 GB card holds, and on an H100 the plan's 68.3 GiB measured 69.4 GiB.
 constexpr int64_t kCardReserveBytes = 2ll << 30;
 /// The common cards (24, 40, 48, 80 GiB) for `cfg` at `world_size` ranks, with its precision, freezing, EMA,
-/// gradient checkpointing and dist.shard; only the micro-batch (train.grad_accum_steps) varies.
+/// gradient checkpointing and dist.shard, without and (`offload`) with the optimizer on the host; only the
+/// micro-batch (train.grad_accum_steps) varies.
+std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size, bool offload);
+/// Without offload.
 std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size);
 
 /// The report of `pi0-train --print-params` for a job of `world_size` ranks: the parameter breakdown
@@ -142,8 +169,9 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
 
 /// The same report as JSON: breakdown_json plus startup_peak_bytes, micro_batch, activation_bytes,
 /// activation_transient_bytes, peak_bytes (tensors), per_rank (rank_memory_json), runtime_bytes,
-/// allocator_slack_bytes, resident_peak_bytes (compare with the peak RSS) and gpu_cards (plan_card_fits: card_gib,
-/// budget_bytes, micro_batch, grad_accum_steps, peak_bytes each).
+/// allocator_slack_bytes, resident_peak_bytes (compare with the peak RSS), host_bytes (train.offload=optimizer: the
+/// state on the host; on the CPU part of peak_bytes) and gpu_cards (plan_card_fits without offload, then with it:
+/// card_gib, offload, budget_bytes, micro_batch, grad_accum_steps, peak_bytes, host_bytes each).
 nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size, bool weights_from_file);
 
 /// The log line of what one rank of a multi-process run holds, measured from its tensors: "rank 1 of 2 holds 1.18 MiB

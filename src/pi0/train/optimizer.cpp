@@ -176,18 +176,26 @@ torch::Tensor gradient_sum_of_squares(const std::vector<torch::Tensor>& grads_in
   }
 #endif
   if (!sum_sq.defined()) {
-    // Chunked so a 500M-element embedding gradient never needs a full float64 copy.
-    constexpr int64_t kChunk = int64_t{1} << 24;
     for (auto& g : grads) {
-      auto flat = g.reshape({-1});
-      for (int64_t start = 0; start < flat.numel(); start += kChunk) {
-        auto part = flat.narrow(0, start, std::min(kChunk, flat.numel() - start)).to(torch::kFloat64);
-        auto s = part.mul(part).sum();
-        sum_sq = sum_sq.defined() ? sum_sq.add(s.to(sum_sq.device())) : s;
-      }
+      auto s = tensor_sum_of_squares(g);
+      sum_sq = sum_sq.defined() ? sum_sq.add(s.to(sum_sq.device())) : s;
     }
   }
   return sum_sq;
+}
+
+torch::Tensor tensor_sum_of_squares(const torch::Tensor& g) {
+  torch::NoGradGuard no_grad;
+  // Chunked so a 500M-element embedding gradient never needs a full float64 copy.
+  constexpr int64_t kChunk = int64_t{1} << 24;
+  auto flat = g.reshape({-1});
+  torch::Tensor sum_sq;
+  for (int64_t start = 0; start < flat.numel(); start += kChunk) {
+    auto part = flat.narrow(0, start, std::min(kChunk, flat.numel() - start)).to(torch::kFloat64);
+    auto s = part.mul(part).sum();
+    sum_sq = sum_sq.defined() ? sum_sq.add(s) : s;
+  }
+  return sum_sq.defined() ? sum_sq : torch::zeros({}, g.options().dtype(torch::kFloat64));
 }
 
 void scale_gradients_to_norm(const std::vector<torch::Tensor>& grads_in, double norm, double max_norm) {

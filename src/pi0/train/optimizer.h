@@ -94,6 +94,10 @@ double clip_gradients(const std::vector<torch::Tensor>& grads, double max_norm,
 /// it with the step's loss: one wait for the GPU per step). The sum of squares of the defined gradients as a float64
 /// scalar on their device (undefined when there are none); nothing is read to the host.
 torch::Tensor gradient_sum_of_squares(const std::vector<torch::Tensor>& grads);
+/// One tensor's sum of squares as a float64 scalar on its device (chunked: no whole float64 copy). On the CPU,
+/// gradient_sum_of_squares adds these up in list order, so a caller holding the per-tensor values (the optimizer
+/// offload computes them as gradients arrive) gets the same bits by adding them in the same order.
+torch::Tensor tensor_sum_of_squares(const torch::Tensor& g);
 /// Scales every defined gradient in place by max_norm / (norm + 1e-6) when `norm` (finite) exceeds max_norm.
 void scale_gradients_to_norm(const std::vector<torch::Tensor>& grads, double norm, double max_norm);
 

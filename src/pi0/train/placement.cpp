@@ -34,6 +34,16 @@ bool casts_in_layers(const std::string& name) {
          module != "lm_head";
 }
 
+// Layers the model runs in float32 whatever the precision (nn::Dense computes in its input's dtype, and these get
+// float32 inputs): the action and state projections, the time MLPs and the adaRMS modulation
+// (`...layernorm.dense`), whose outputs set the flow-matching velocity and the norms' scales.
+bool reads_in_float32(const std::string& name) {
+  for (const char* m : {"action_in_proj.", "action_out_proj.", "state_proj.", "time_mlp_in.", "time_mlp_out.",
+                        "action_time_mlp_in.", "action_time_mlp_out."})
+    if (name.rfind(m, 0) == 0) return true;
+  return name.find("norm.dense.") != std::string::npos;
+}
+
 nlohmann::json stats_json(const ComponentStats& s) {
   return {{"total", s.total},
           {"trainable", s.trainable},
@@ -44,6 +54,8 @@ nlohmann::json stats_json(const ComponentStats& s) {
           {"optimizer_bytes", s.optimizer_bytes},
           {"ema_bytes", s.ema_bytes},
           {"cast_bytes", s.cast_bytes},
+          {"device_copy_bytes", s.device_copy_bytes},
+          {"host_bytes", s.host_bytes},
           {"memory_bytes", s.memory_bytes()}};
 }
 
@@ -62,7 +74,7 @@ std::vector<bool> PlacementTable::trainable_mask() const {
 }
 
 PlacementTable make_placement(const std::vector<model::ParamSpec>& layout, const std::vector<bool>& trainable,
-                              const std::string& precision, bool ema, bool cast_cache) {
+                              const std::string& precision, bool ema, bool cast_cache, bool offload) {
   const auto& modes = precision_modes();
   if (std::find(modes.begin(), modes.end(), precision) == modes.end()) {
     std::string valid;
@@ -77,6 +89,7 @@ PlacementTable make_placement(const std::vector<model::ParamSpec>& layout, const
   PlacementTable table;
   table.precision = precision;
   table.ema = ema;
+  table.offload = offload;
   const bool any_bf16 = precision != "float32";
   table.compute = any_bf16 ? torch::kBFloat16 : torch::kFloat32;
   table.buffers = precision == "bf16" ? torch::kBFloat16 : torch::kFloat32;
@@ -89,18 +102,29 @@ PlacementTable make_placement(const std::vector<model::ParamSpec>& layout, const
     // float32 master weights for what trains under bf16-mixed; everything else in the compute dtype.
     p.storage = precision == "bf16" || (precision == "bf16-mixed" && !p.trainable) ? torch::kBFloat16
                                                                                      : torch::kFloat32;
-    p.compute = table.compute;
+    p.compute = reads_in_float32(p.name) ? torch::kFloat32 : table.compute;
     p.cast_cached = cast_cache && p.trainable && p.storage != p.compute && casts_in_layers(p.name);
+    p.device_copy = p.storage;
+    if (offload && p.trainable) {
+      // The device copy is already in the dtype the layer reads, so nothing is cast (or cached) on the device.
+      p.residence = Residence::kHost;
+      if (casts_in_layers(p.name)) p.device_copy = p.compute;
+      p.cast_cached = false;
+    }
     table.params.push_back(std::move(p));
   }
   return table;
 }
 
-PlacementTable make_placement(const config::Config& cfg) {
+PlacementTable make_placement(const config::Config& cfg, bool offload) {
   const auto layout = model::parameter_layout(model::options_from_config(cfg.model));
   const auto& t = cfg.train;
   return make_placement(layout, trainable_mask(names_of(layout), t.freeze, t.trainable_include, t.trainable_exclude),
-                        t.precision, t.ema_decay > 0, t.weight_cast_cache);
+                        t.precision, t.ema_decay > 0, t.weight_cast_cache, offload);
+}
+
+PlacementTable make_placement(const config::Config& cfg) {
+  return make_placement(cfg, cfg.train.offload == "optimizer");
 }
 
 void apply_placement(model::Pi0Impl& model, const PlacementTable& table, bool weights_from_file) {
@@ -130,6 +154,7 @@ ParamBreakdown breakdown(const PlacementTable& table) {
   ParamBreakdown b;
   b.precision = table.precision;
   b.ema = table.ema;
+  b.offload = table.offload;
   for (const auto& c : model::kComponents) b.components.push_back(ComponentStats{c});
   b.total.name = "total";
   for (const auto& p : table.params) {
@@ -144,6 +169,9 @@ ParamBreakdown breakdown(const PlacementTable& table) {
       s->optimizer_bytes += p.optimizer_bytes();
       if (table.ema) s->ema_bytes += p.ema_bytes();
       s->cast_bytes += p.cast_bytes();
+      s->device_copy_bytes += p.device_copy_bytes();
+      if (p.on_host())
+        s->host_bytes += p.weight_bytes() + p.grad_bytes() + p.optimizer_bytes() + (table.ema ? p.ema_bytes() : 0);
     }
   }
   return b;
@@ -164,16 +192,21 @@ std::string with_thousands(int64_t n) {
 }
 
 std::string format_breakdown(const ParamBreakdown& b) {
-  const std::vector<std::string> header = {"component", "total", "trainable", "frozen", "trainable %", "weights",
-                                           "grads",     "optimizer", "ema", "casts", "memory"};
+  std::vector<std::string> header = {"component", "total", "trainable", "frozen", "trainable %", "weights",
+                                     "grads",     "optimizer", "ema", "casts", "memory"};
+  // Offloaded: the device copies, and where the memory is (the columns before say what it is).
+  if (b.offload) header.insert(header.end() - 1, "copies"), header.insert(header.end(), {"on device", "on host"});
   std::vector<std::vector<std::string>> rows = {header};
-  auto row = [](const ComponentStats& s) {
+  auto row = [&b](const ComponentStats& s) {
     char pct[16];
     std::snprintf(pct, sizeof pct, "%.1f%%", s.trainable_percent());
-    return std::vector<std::string>{s.name,           with_thousands(s.total), with_thousands(s.trainable),
-                                    with_thousands(s.frozen), pct, gib(s.weight_bytes), gib(s.grad_bytes),
-                                    gib(s.optimizer_bytes),   gib(s.ema_bytes),       gib(s.cast_bytes),
-                                    gib(s.memory_bytes())};
+    std::vector<std::string> r{s.name,           with_thousands(s.total), with_thousands(s.trainable),
+                               with_thousands(s.frozen), pct, gib(s.weight_bytes), gib(s.grad_bytes),
+                               gib(s.optimizer_bytes),   gib(s.ema_bytes),       gib(s.cast_bytes)};
+    if (b.offload) r.push_back(gib(s.device_copy_bytes));
+    r.push_back(gib(s.memory_bytes()));
+    if (b.offload) r.push_back(gib(s.device_bytes())), r.push_back(gib(s.host_bytes));
+    return r;
   };
   for (const auto& s : b.components) rows.push_back(row(s));
   rows.push_back(row(b.total));
@@ -184,8 +217,11 @@ std::string format_breakdown(const ParamBreakdown& b) {
   // "memory" is defined here once for every place that quotes it (README, docs, --print-params, the training log):
   // what stays allocated from one step to the next. Activations come and go within a step; planned separately.
   os << "parameters and persistent training memory (precision " << b.precision << ", EMA "
-     << (b.ema ? "on" : "off") << "): memory = weights + grads + optimizer + ema + casts, held between steps; "
-     << "activations not included\n";
+     << (b.ema ? "on" : "off") << "): memory = weights + grads + optimizer + ema + casts" << (b.offload ? " + copies" : "")
+     << ", held between steps; "
+     << "activations not included" << (b.offload ? "; train.offload=optimizer: what trains (weights, grads, "
+                                                     "optimizer, ema) is on the host, copies on the device" : "")
+     << "\n";
   for (size_t r = 0; r < rows.size(); ++r) {
     if (r + 1 == rows.size()) {
       size_t line = 0;
@@ -205,6 +241,7 @@ nlohmann::json breakdown_json(const ParamBreakdown& b) {
   nlohmann::json j;
   j["precision"] = b.precision;
   j["ema"] = b.ema;
+  j["offload"] = b.offload ? "optimizer" : "none";
   j["total"] = stats_json(b.total);
   for (const auto& s : b.components) j[s.name] = stats_json(s);
   return j;

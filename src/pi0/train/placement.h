@@ -14,6 +14,11 @@
 // (averaging frozen weights gives the weights themselves). Frozen weights only feed bf16 matmuls under bf16-mixed,
 // so they are stored in bf16. [1] trainable layer weights only (not norm scales, embedding tables, lm_head),
 // and only with train.weight_cast_cache (nn::Dense keeps the copy from one forward to the next).
+//
+// train.offload=optimizer moves what trains to the host (Residence::kHost): its master weight, its gradient
+// accumulation, AdamW's moments and the EMA live in host memory (pinned on CUDA), and the device keeps a copy of
+// the weight in the dtype its operations read — bf16 for layer weights under bf16-mixed (so no cast cache), the
+// storage dtype for norm scales, embeddings and the patch convolution — plus the gradients in flight to the host.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -34,9 +39,9 @@ namespace pi0::train {
 /// Valid precision strings: "float32", "bf16-mixed", "bf16".
 const std::vector<std::string>& precision_modes();
 
-/// Where a tensor's storage lives. Today everything lives on the training device (train.device); optimizer
-/// offloading adds the host.
-enum class Residence { kDevice };
+/// Where a parameter's training state lives: the training device (train.device), or the host
+/// (train.offload=optimizer: master weight, gradient accumulation, AdamW moments and EMA; a copy on the device).
+enum class Residence { kDevice, kHost };
 
 /// One parameter's placement.
 struct ParamPlacement {
@@ -44,11 +49,21 @@ struct ParamPlacement {
   int64_t numel = 0;  ///< elements
   bool trainable = false;
   torch::ScalarType storage = torch::kFloat32;  ///< the parameter's tensor (the master copy of what trains)
-  torch::ScalarType compute = torch::kFloat32;  ///< what its operations run in (bf16 casts of float32 weights)
+  /// What its operations run in: the table's compute dtype (bf16 casts of float32 weights), except the layers the
+  /// model keeps in float32 (action/state projections, time MLPs, adaRMS modulation).
+  torch::ScalarType compute = torch::kFloat32;
   bool cast_cached = false;  ///< a compute-dtype copy is kept between forwards (nn::Dense's cast cache)
   Residence residence = Residence::kDevice;  ///< the parameter, its gradient, AdamW moments and EMA
+  /// kHost: the dtype of the weight's copy on the device, the one its operations read (compute dtype for layer
+  /// weights, storage dtype for the rest); its gradient on the device has this dtype too.
+  torch::ScalarType device_copy = torch::kFloat32;
 
+  bool on_host() const { return residence == Residence::kHost; }
   int64_t weight_bytes() const { return numel * static_cast<int64_t>(c10::elementSize(storage)); }
+  /// The device copy of a host-resident parameter (0 otherwise); its gradient in flight has the same size.
+  int64_t device_copy_bytes() const {
+    return on_host() ? numel * static_cast<int64_t>(c10::elementSize(device_copy)) : 0;
+  }
   /// Gradient (same dtype as the storage); 0 when frozen.
   int64_t grad_bytes() const { return trainable ? weight_bytes() : 0; }
   /// AdamW's exp_avg and exp_avg_sq (storage dtype); 0 when frozen.
@@ -63,6 +78,7 @@ struct PlacementTable {
   bool ema = false;       ///< train.ema_decay > 0
   torch::ScalarType compute = torch::kFloat32;  ///< the model's compute dtype (Pi0Impl::set_compute_dtype)
   torch::ScalarType buffers = torch::kFloat32;  ///< the model's buffers (bf16 under "bf16")
+  bool offload = false;                         ///< train.offload=optimizer: what trains lives on the host
   std::vector<ParamPlacement> params;           ///< registration order (named_parameters())
 
   /// The trainable flags, in registration order.
@@ -72,9 +88,12 @@ struct PlacementTable {
 /// The rule applied to `layout` with its trainable flags. UserError for an unknown precision (lists the valid
 /// ones, suggests the closest); PI0_CHECK for a mask of the wrong length.
 PlacementTable make_placement(const std::vector<model::ParamSpec>& layout, const std::vector<bool>& trainable,
-                              const std::string& precision, bool ema, bool cast_cache);
+                              const std::string& precision, bool ema, bool cast_cache, bool offload = false);
 /// The table of a config: its model's layout (shapes only), train.freeze and its regexes, train.precision,
-/// train.ema_decay and train.weight_cast_cache. What the trainer builds and what --print-params counts.
+/// train.ema_decay and train.weight_cast_cache, with `offload` (train.offload resolved: "auto" is decided by the
+/// memory plan, memory_plan.h). What the trainer builds and what --print-params counts.
+PlacementTable make_placement(const config::Config& cfg, bool offload);
+/// The same with train.offload as written ("auto" counts as none).
 PlacementTable make_placement(const config::Config& cfg);
 
 /// Applies `table` to a built model (before its weights are loaded): requires_grad per the trainable flags, each
@@ -97,8 +116,17 @@ struct ComponentStats {
   /// bf16 copies of trainable float32 layer weights (nn::Dense's cast cache, bf16-mixed only): kept from one
   /// forward to the next, so persistent too
   int64_t cast_bytes = 0;
+  /// train.offload=optimizer: the device copies of host-resident parameters (weights in the dtype they are read in)
+  int64_t device_copy_bytes = 0;
+  /// Of the above, what lives in host memory: the master weights, gradient accumulation, AdamW moments and EMA of
+  /// host-resident parameters (0 without offload)
+  int64_t host_bytes = 0;
   double trainable_percent() const { return total > 0 ? 100.0 * static_cast<double>(trainable) / total : 0.0; }
-  int64_t memory_bytes() const { return weight_bytes + grad_bytes + optimizer_bytes + ema_bytes + cast_bytes; }
+  int64_t memory_bytes() const {
+    return weight_bytes + grad_bytes + optimizer_bytes + ema_bytes + cast_bytes + device_copy_bytes;
+  }
+  /// What stays on the training device between steps.
+  int64_t device_bytes() const { return memory_bytes() - host_bytes; }
 };
 
 /// Breakdown per component in model::kComponents order plus the sum; activations are estimated separately
@@ -106,6 +134,7 @@ struct ComponentStats {
 struct ParamBreakdown {
   std::string precision;
   bool ema = false;
+  bool offload = false;  ///< train.offload=optimizer (the table's)
   std::vector<ComponentStats> components;  ///< one per model::kComponents entry (zeros when absent)
   ComponentStats total;
 };

@@ -28,6 +28,7 @@
 #include "pi0/train/lr_schedule.h"
 #include "pi0/train/memory_plan.h"
 #include "pi0/train/metrics_processor.h"
+#include "pi0/train/offload.h"
 #include "pi0/train/signals.h"
 #include "pi0/train/trainer_state.h"
 
@@ -80,7 +81,16 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
 void Trainer::plan_model() {
   // The freeze preset and regexes, the precision: the placement table from the parameter layout (shapes only,
   // nothing allocated), which build_model applies.
-  placement_ = make_placement(cfg_);
+  std::string why;
+  const bool offload = choose_offload(cfg_, options_.world_size, device_memory_bytes(device_), &why);
+  if (offload && pg_ && cfg_.dist.shard != "none")
+    throw UserError("train.offload=optimizer with dist.shard=" + cfg_.dist.shard + ": not combined (the optimizer "
+                    "state is already on the host); use dist.shard=none, or train.offload=none");
+  if (offload && pg_ && device_.is_cuda())
+    throw UserError("train.offload=optimizer with data parallelism over NCCL (several GPUs) is not supported yet; "
+                    "use train.offload=none with dist.shard=optimizer or gradients to split the optimizer state");
+  if (options_.rank == 0 && cfg_.train.offload != "none") spdlog::info("{}", why);
+  placement_ = make_placement(cfg_, offload);
   const auto mask = placement_.trainable_mask();
   if (std::find(mask.begin(), mask.end(), true) == mask.end())
     throw UserError("train.freeze '" + cfg_.train.freeze + "' leaves nothing to train");
@@ -106,8 +116,9 @@ void Trainer::build_model() {
                            : std::string(" with random initialization"));
   }
   {
-    // Parameters are created directly on the training device.
-    nn::ParamDeviceScope on_device(device_);
+    // Parameters are created directly on the training device; with the optimizer offloaded, on the host, where
+    // what trains stays (its device copies are made below).
+    nn::ParamDeviceScope on_device(placement_.offload ? torch::Device(torch::kCPU) : device_);
     nn::SkipInitScope skip(from_file);
     model_ = model::Pi0(opts);
   }
@@ -143,17 +154,27 @@ void Trainer::build_model() {
                  "(set it to a pi0_base / pi05_base model.safetensors to fine-tune)");
   }
   if (rank0) spdlog::info("model ready in {:.1f} s", std::chrono::duration<double>(Clock::now() - t0).count());
+  if (placement_.offload) {
+    // Every replica starts from rank 0's weights, synchronized where they are (Gloo: offload with NCCL is refused),
+    // before the device copies are made from them.
+    if (pg_) check_and_sync_replicas();
+    offload_ = std::make_unique<OptimizerOffload>(*model_, placement_, device_);
+  }
   model_->to(device_);
   model_->set_gradient_checkpointing(cfg_.train.gradient_checkpointing);
   model_->set_attention_impl(model::parse_attention_impl(cfg_.model.attention, "model.attention"));
   nn::set_cast_cache(*model_, cfg_.train.weight_cast_cache);
   model_->train();
-  if (pg_) check_and_sync_replicas();
+  if (pg_ && !offload_) check_and_sync_replicas();
 
   NamedTensors trainable;
-  size_t i = 0;
-  for (auto& item : model_->named_parameters()) {
-    if (placement_.params[i++].trainable) trainable.emplace_back(item.key(), item.value());
+  if (offload_) {
+    trainable = offload_->masters();
+  } else {
+    size_t i = 0;
+    for (auto& item : model_->named_parameters()) {
+      if (placement_.params[i++].trainable) trainable.emplace_back(item.key(), item.value());
+    }
   }
   if (trainable.empty()) throw UserError("train.freeze '" + cfg_.train.freeze + "' leaves nothing to train");
   trainable_params_ = trainable;
@@ -184,6 +205,14 @@ void Trainer::build_model() {
     const auto b = breakdown(placement_);
     spdlog::info("parameters (freeze preset '{}', precision {}):\n{}", cfg_.train.freeze, precision,
                  format_breakdown(b));
+    if (offload_) {
+      spdlog::info("train.offload=optimizer: {:.2f} GiB of master weights, gradients, AdamW and EMA on the host, "
+                   "{:.2f} GiB of weight copies on {}; gradients are accumulated by 1 host thread, AdamW and EMA run "
+                   "on ATen's {} threads, the loader has {} workers",
+                   static_cast<double>(b.total.host_bytes) / (1ull << 30),
+                   static_cast<double>(b.total.device_copy_bytes) / (1ull << 30), device_.str(),
+                   at::get_num_threads(), cfg_.data.num_workers);
+    }
   }
 }
 
@@ -244,6 +273,7 @@ CheckpointedState Trainer::state() {
   s.trainable = &trainable_params_;
   s.step = &step_;
   s.nonfinite_skips = &nonfinite_skips_;
+  s.offload = offload_.get();
   return s;
 }
 
@@ -294,6 +324,7 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   // and read once after the loop: reading each one would stall the GPU stream once per micro-batch.
   torch::Tensor loss_sum;
   for (int64_t micro = 0; micro < n_micro; ++micro) {
+    if (offload_) offload_->before_forward(micro, n_micro);
     grad_sync_->before_backward(micro, n_micro);
     const auto& batch = micro_batches[static_cast<size_t>(micro)];
     // Batches come pinned on CUDA (LoaderOptions::pin_memory): the copies overlap with queued GPU work.
@@ -317,6 +348,7 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
     (loss / static_cast<double>(n_micro)).backward();
     const auto loss_f64 = loss.detach().to(torch::kFloat64);
     loss_sum = micro == 0 ? loss_f64 : loss_sum + loss_f64;
+    if (offload_) offload_->after_backward(micro, n_micro);  // the gradients are in the masters' .grad (last one)
     grad_sync_->after_backward(micro, n_micro);
   }
   nn::clear_cast_cache(*model_);  // the step's bf16 weight copies: the optimizer is about to change the weights
@@ -326,7 +358,8 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   last_grad_bytes_ = grad_sync_->held_grad_bytes();
   {
     // The step's one wait for the GPU: the loss and the gradients' sum of squares, read together.
-    const auto sum_sq = gradient_sum_of_squares(grads);
+    // Offloaded (one process): the per-tensor sums were made on the host as the gradients arrived.
+    const auto sum_sq = offload_ && !pg_ ? offload_->gradient_sum_of_squares() : gradient_sum_of_squares(grads);
     const auto host = torch::stack({loss_sum, sum_sq.defined() ? sum_sq.to(loss_sum.device())
                                                                : torch::zeros_like(loss_sum)}).cpu();
     result.loss = host[0].item<double>() / static_cast<double>(n_micro);
@@ -366,6 +399,7 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   // Every rank's updated elements reach all ranks before the EMA (which reads only owned ones) and the next forward.
   grad_sync_->after_update();
   if (ema_) ema_->update();
+  if (offload_) offload_->upload();
   return result;
 }
 

@@ -23,6 +23,7 @@
 #include "pi0/train/ema.h"
 #include "pi0/train/placement.h"
 #include "pi0/train/metrics_processor.h"
+#include "pi0/train/offload.h"
 #include "pi0/train/optimizer.h"
 
 namespace pi0::train {
@@ -76,7 +77,14 @@ class Trainer {
   StepResult train_step(const std::vector<model::Batch>& micro_batches, double lr,
                         const std::optional<StepNoise>& noise_time = std::nullopt);
 
+  /// The model. With train.offload=optimizer its trainable parameters are the device copies (compute dtype); the
+  /// master weights are trainable_weights().
   model::Pi0& model() { return model_; }
+  /// (name, weight) of every trainable parameter at full precision: the model's own, or with train.offload=optimizer
+  /// the host masters.
+  const NamedTensors& trainable_weights() const { return trainable_params_; }
+  /// train.offload=optimizer in effect (after "auto" was decided); null otherwise.
+  const OptimizerOffload* offload() const { return offload_.get(); }
   /// The EMA of the trainable parameters (nullptr when train.ema_decay is 0).
   const Ema* ema() const { return ema_.get(); }
   int64_t step() const { return step_; }
@@ -115,6 +123,7 @@ class Trainer {
   torch::Device device_{torch::kCPU};
   model::Pi0 model_{nullptr};
   PlacementTable placement_;  ///< where each parameter lives and in which dtype; what the memory plan counts
+  std::unique_ptr<OptimizerOffload> offload_;  ///< train.offload=optimizer (placement_.offload)
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;
   std::shared_ptr<distributed::ProcessGroup> pg_;  ///< null in single-process runs

@@ -1,0 +1,368 @@
+#include "pi0/train/offload.h"
+
+#include <time.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "pi0/common/check.h"
+#include "pi0/distributed/grad_hooks.h"
+#include "pi0/model/pi0.h"
+
+#ifdef PI0_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace pi0::train {
+
+int64_t device_memory_bytes(const torch::Device& device) {
+  if (!device.is_cuda()) return 0;
+#ifdef PI0_WITH_CUDA
+  const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
+  return static_cast<int64_t>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+#else
+  return 0;
+#endif
+}
+
+namespace {
+
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// One host thread running queued work in order; drain() waits for all of it and rethrows the first failure. The
+// gradients' host work runs here so the autograd thread only queues it and goes on with backward.
+class HostThread {
+ public:
+  HostThread() : thread_([this] { loop(); }) {}
+  ~HostThread() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  void submit(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(fn));
+    }
+    wake_.notify_all();
+  }
+  void drain() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_.wait(lock, [this] { return queue_.empty() && !busy_; });
+    if (error_) {
+      auto e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+  /// CPU seconds this thread spent on work since the last call.
+  double take_cpu_seconds() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const double s = cpu_seconds_;
+    cpu_seconds_ = 0;
+    return s;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and nothing left
+      auto fn = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      const double t0 = cpu_seconds();
+      std::exception_ptr error;
+      try {
+        if (!error_) fn();  // after a failure the rest is skipped; drain() reports it
+      } catch (...) {
+        error = std::current_exception();
+      }
+      const double spent = cpu_seconds() - t0;
+      lock.lock();
+      cpu_seconds_ += spent;
+      if (error && !error_) error_ = error;
+      busy_ = false;
+      if (queue_.empty()) idle_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  std::deque<std::function<void()>> queue_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr error_;
+  double cpu_seconds_ = 0;
+  std::thread thread_;  // last: starts after the members it uses
+};
+
+}  // namespace
+
+struct OptimizerOffload::Impl {
+  torch::Device device{torch::kCPU};
+  std::vector<torch::Tensor> params;        // the model's parameters: the device copies
+  std::vector<torch::Tensor> masters;       // aligned with params
+  std::vector<torch::Tensor> accumulation;  // host, master dtype
+  std::vector<torch::Tensor> sum_sq;        // per tensor, of the accumulation after the last micro-batch
+  std::vector<char> got;                    // a gradient reached the accumulation this step
+  std::vector<char> fresh;                  // sum_sq[i] is of the current accumulation
+  bool last_micro = false;
+  std::unique_ptr<distributed::GradAccumulationHooks> hooks;
+  std::unique_ptr<HostThread> host;
+  double grad_seconds = 0;
+#ifdef PI0_WITH_CUDA
+  std::optional<c10::cuda::CUDAStream> copy_stream;
+  std::optional<at::cuda::CUDAEvent> uploaded;
+#endif
+
+  // On the host thread: one gradient into its accumulation (in the dtype and order the plain path's .grad sums).
+  void accumulate(size_t i, const torch::Tensor& g) {
+    torch::NoGradGuard no_grad;
+    auto& a = accumulation[i];
+    if (!got[i]) {
+      a.copy_(g);
+      got[i] = 1;
+    } else {
+      a.add_(g);
+    }
+    fresh[i] = 0;
+    if (last_micro) {
+      sum_sq[i] = tensor_sum_of_squares(a);
+      fresh[i] = 1;
+    }
+  }
+
+  // On the autograd thread, after params[i]'s .grad was accumulated: hand it to the host, free it on the device.
+  void on_accumulated(size_t i) {
+    auto& p = params[i];
+    torch::Tensor g = p.grad();
+    if (!g.defined()) return;
+    p.mutable_grad() = torch::Tensor();
+#ifdef PI0_WITH_CUDA
+    if (device.is_cuda()) {
+      // Copied on the side stream once the compute stream has produced it; the allocator keeps its memory until the
+      // copy is done (recordStream), and the host thread adds it once the copy has landed.
+      at::cuda::CUDAEvent produced;
+      produced.record(c10::cuda::getCurrentCUDAStream(device.index()));
+      produced.block(*copy_stream);
+      auto staging = torch::empty(g.sizes(), g.options().device(torch::kCPU).pinned_memory(true));
+      {
+        c10::cuda::CUDAStreamGuard guard(*copy_stream);
+        staging.copy_(g, /*non_blocking=*/true);
+      }
+      c10::cuda::CUDACachingAllocator::recordStream(g.storage().data_ptr(), *copy_stream);
+      auto landed = std::make_shared<at::cuda::CUDAEvent>();
+      landed->record(*copy_stream);
+      host->submit([this, i, staging, landed] {
+        landed->synchronize();
+        accumulate(i, staging);
+      });
+      return;
+    }
+#endif
+    host->submit([this, i, g] { accumulate(i, g); });
+  }
+
+  void attach_hooks() {
+    if (hooks) return;
+    hooks = std::make_unique<distributed::GradAccumulationHooks>(params, [this](size_t i) { on_accumulated(i); });
+  }
+};
+
+OptimizerOffload::OptimizerOffload(model::Pi0Impl& model, const PlacementTable& table, torch::Device device)
+    : impl_(std::make_unique<Impl>()) {
+  auto& s = *impl_;
+  s.device = device;
+#ifdef PI0_WITH_CUDA
+  if (device.is_cuda()) {
+    if (!device.has_index()) s.device = torch::Device(torch::kCUDA, c10::cuda::current_device());
+    s.copy_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, s.device.index());
+    s.uploaded.emplace();
+  }
+#else
+  PI0_CHECK(!device.is_cuda(), "train.offload: a CUDA device in a build without CUDA");
+#endif
+  torch::NoGradGuard no_grad;
+  auto named = model.named_parameters();
+  PI0_CHECK(named.size() == table.params.size(), "OptimizerOffload: the model has ", named.size(),
+            " parameters, the placement table ", table.params.size());
+  size_t k = 0;
+  for (auto& item : named) {
+    const auto& place = table.params[k++];
+    PI0_CHECK(item.key() == place.name, "OptimizerOffload: parameter '", item.key(), "' where the table has '",
+              place.name, "'");
+    if (!place.on_host()) continue;
+    auto& p = item.value();
+    PI0_CHECK(p.device().is_cpu() && p.scalar_type() == place.storage, "OptimizerOffload: '", place.name,
+              "' must be built on the host in its storage dtype");
+    // The master keeps the weight as loaded; the model's parameter becomes a separate tensor on the device (a new
+    // tensor even on the CPU, so the offloaded path runs there exactly as on a GPU).
+    torch::Tensor master = device.is_cuda() ? p.data().pin_memory() : p.data();
+    master.set_requires_grad(true);  // a leaf the gradient sync may hook; never part of a graph
+    p.set_data(master.detach().to(s.device, place.device_copy, /*non_blocking=*/false, /*copy=*/true));
+    masters_.emplace_back(place.name, master);
+    s.params.push_back(p);
+    s.masters.push_back(master);
+    s.accumulation.push_back(torch::empty_like(master.detach()));
+  }
+  PI0_CHECK(!s.params.empty(), "train.offload=optimizer: nothing trains");
+  s.sum_sq.resize(s.params.size());
+  s.got.assign(s.params.size(), 0);
+  s.fresh.assign(s.params.size(), 0);
+  s.host = std::make_unique<HostThread>();
+}
+
+OptimizerOffload::~OptimizerOffload() {
+  impl_->hooks.reset();
+  try {
+    impl_->host->drain();
+  } catch (...) {
+  }
+}
+
+void OptimizerOffload::before_forward(int64_t micro, int64_t n) {
+  auto& s = *impl_;
+  s.attach_hooks();
+  s.host->drain();
+  // Read by the host thread's tasks, queued from now on: the last micro-batch's accumulations compute their norms.
+  s.last_micro = micro + 1 == n;
+  if (micro != 0) return;
+  std::fill(s.got.begin(), s.got.end(), 0);
+  std::fill(s.fresh.begin(), s.fresh.end(), 0);
+  s.grad_seconds = 0;
+  for (auto& m : s.masters)
+    if (m.grad().defined()) m.mutable_grad() = torch::Tensor();
+#ifdef PI0_WITH_CUDA
+  if (s.device.is_cuda()) s.uploaded->block(c10::cuda::getCurrentCUDAStream(s.device.index()));
+#endif
+}
+
+void OptimizerOffload::after_backward(int64_t micro, int64_t n) {
+  auto& s = *impl_;
+  // Set before the last backward's gradients are queued? No: the hooks of micro-batch `micro` have all run when
+  // backward returns, and the host thread reads last_micro only inside its tasks, which this drain orders.
+  s.host->drain();
+  if (micro + 1 != n) {
+    s.grad_seconds += s.host->take_cpu_seconds();
+    return;
+  }
+  // A parameter whose gradient came only in earlier micro-batches has no norm yet: computed here, on the host thread
+  // as well.
+  s.host->submit([&s] {
+    for (size_t i = 0; i < s.params.size(); ++i)
+      if (s.got[i] && !s.fresh[i]) {
+        s.sum_sq[i] = tensor_sum_of_squares(s.accumulation[i]);
+        s.fresh[i] = 1;
+      }
+  });
+  s.host->drain();
+  s.grad_seconds += s.host->take_cpu_seconds();
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    if (s.got[i]) s.masters[i].mutable_grad() = s.accumulation[i];
+  }
+}
+
+torch::Tensor OptimizerOffload::gradient_sum_of_squares() const {
+  const auto& s = *impl_;
+  torch::Tensor total;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    if (!s.got[i]) continue;
+    PI0_CHECK(s.fresh[i], "OptimizerOffload: gradient norm of parameter ", i, " not computed");
+    total = total.defined() ? total.add(s.sum_sq[i]) : s.sum_sq[i];
+  }
+  return total;
+}
+
+void OptimizerOffload::upload() {
+  auto& s = *impl_;
+  torch::NoGradGuard no_grad;
+#ifdef PI0_WITH_CUDA
+  if (s.device.is_cuda()) {
+    // Nothing on the compute stream may still read a copy while it is overwritten.
+    at::cuda::CUDAEvent idle;
+    idle.record(c10::cuda::getCurrentCUDAStream(s.device.index()));
+    idle.block(*s.copy_stream);
+    c10::cuda::CUDAStreamGuard guard(*s.copy_stream);
+    for (size_t i = 0; i < s.params.size(); ++i) {
+      // Converted on the host into pinned memory (the caching host allocator reuses it once the copy is done),
+      // then copied asynchronously: half the bytes of a float32 transfer for bf16 copies.
+      auto& dev = s.params[i];
+      auto staging = torch::empty(dev.sizes(), dev.options().device(torch::kCPU).pinned_memory(true));
+      staging.copy_(s.masters[i].detach());
+      dev.detach().copy_(staging, /*non_blocking=*/true);
+    }
+    s.uploaded->record(*s.copy_stream);
+    return;
+  }
+#endif
+  for (size_t i = 0; i < s.params.size(); ++i) s.params[i].detach().copy_(s.masters[i].detach());
+}
+
+OptimizerOffload::MasterWeightsScope::MasterWeightsScope(OptimizerOffload* offload) : offload_(offload) {
+  if (!offload_) return;
+  auto& s = *offload_->impl_;
+  s.host->drain();
+  // Changing a parameter's data to another dtype or device drops its gradient accumulator, and the hooks with it:
+  // they are attached again before the next forward.
+  s.hooks.reset();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    device_.push_back(s.params[i].data());
+    s.params[i].set_data(s.masters[i].detach());
+  }
+}
+
+OptimizerOffload::MasterWeightsScope::~MasterWeightsScope() noexcept(false) {
+  if (!offload_) return;
+  auto& s = *offload_->impl_;
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    // A load may have given the parameter new storage instead of writing into the master's.
+    auto now = s.params[i].data();
+    if (now.data_ptr() != s.masters[i].data_ptr()) s.masters[i].detach().copy_(now);
+    s.params[i].set_data(device_[i]);
+  }
+  if (!std::uncaught_exceptions()) offload_->upload();
+}
+
+int64_t OptimizerOffload::master_bytes() const {
+  int64_t n = 0;
+  for (const auto& m : impl_->masters) n += m.numel() * static_cast<int64_t>(m.element_size());
+  return n;
+}
+
+int64_t OptimizerOffload::accumulation_bytes() const {
+  int64_t n = 0;
+  for (const auto& a : impl_->accumulation) n += a.numel() * static_cast<int64_t>(a.element_size());
+  return n;
+}
+
+int64_t OptimizerOffload::device_copy_bytes() const {
+  int64_t n = 0;
+  for (const auto& p : impl_->params) n += p.numel() * static_cast<int64_t>(p.element_size());
+  return n;
+}
+
+double OptimizerOffload::host_grad_seconds() const { return impl_->grad_seconds; }
+
+}  // namespace pi0::train

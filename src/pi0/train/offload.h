@@ -1,0 +1,90 @@
+// train.offload=optimizer: what trains lives in host memory and the device holds only the weights its operations
+// read. Per host-resident parameter (placement.h, Residence::kHost):
+//   host    master weight (storage dtype), gradient accumulation (storage dtype), AdamW moments, EMA — pinned on CUDA
+//   device  a copy of the weight in the dtype its layer reads (bf16 for layer weights under bf16-mixed)
+// The model's parameter *is* the device copy, so the forward and backward run unchanged. Each copy's gradient leaves
+// the device as soon as backward has accumulated it (the AccumulateGrad post hook of grad_hooks.h; on CUDA a copy on
+// a side stream into pinned memory) and a host thread adds it into the master's accumulation, so no whole gradient
+// buffer stays on the device. After the last micro-batch the masters' .grad are those accumulations and the trainer
+// runs the usual code over the masters: gradient sync, norm, clipping, AdamW, EMA. upload() then refreshes the copies.
+//
+// Bit for bit: a copy's gradient is what the plain path's cast back-propagates to its float32 master, accumulated in
+// the same order and dtype, and the update is the same AdamW over the same values; on the CPU build an offloaded
+// run gives the plain run's losses, norms, weights, moments and EMA exactly (tests/unit/train/test_offload.cpp).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pi0/train/optimizer.h"
+#include "pi0/train/placement.h"
+
+namespace pi0::model {
+class Pi0Impl;
+}
+
+namespace pi0::train {
+
+/// Total memory of `device` in bytes (a CUDA device's), 0 for the CPU: what train.offload=auto plans against.
+int64_t device_memory_bytes(const torch::Device& device);
+
+class OptimizerOffload {
+ public:
+  /// `model`: built on the host with `table` applied and its weights loaded. Every host-resident parameter's tensor
+  /// becomes its master (pinned on CUDA) and the model's parameter a new tensor on `device` in the table's
+  /// device_copy dtype. The caller then moves the rest of the model (frozen weights, buffers) to the device.
+  OptimizerOffload(model::Pi0Impl& model, const PlacementTable& table, torch::Device device);
+  ~OptimizerOffload();
+  OptimizerOffload(const OptimizerOffload&) = delete;
+  OptimizerOffload& operator=(const OptimizerOffload&) = delete;
+
+  /// (name, master) of every host-resident parameter in registration order: what AdamW, the EMA, the gradient sync
+  /// and the checkpoints work on. Trainable leaves that are never part of a graph; after the last micro-batch's
+  /// after_backward their .grad is the host accumulation.
+  const NamedTensors& masters() const { return masters_; }
+
+  /// Before the forward of micro-batch `micro` of `n`: micro 0 starts the step's accumulation (and on CUDA makes the
+  /// compute stream wait for the last upload).
+  void before_forward(int64_t micro, int64_t n);
+  /// After micro-batch `micro` of `n`'s backward: waits until its gradients are in the host accumulation. After the
+  /// last one each master's .grad is its accumulation (undefined where no micro-batch produced a gradient).
+  void after_backward(int64_t micro, int64_t n);
+  /// The accumulated gradients' sum of squares (float64 scalar on the host), computed per tensor by the host thread
+  /// as the last micro-batch's gradients arrived: equal to gradient_sum_of_squares() over the masters' .grad.
+  torch::Tensor gradient_sum_of_squares() const;
+  /// After the host update (AdamW, EMA): the device copies take the masters' new values.
+  void upload();
+
+  /// While alive, the model's host-resident parameters are the masters (checkpoints save and load exactly what the
+  /// plain path holds); on destruction the device copies are back, refreshed from the masters.
+  class MasterWeightsScope {
+   public:
+    MasterWeightsScope(OptimizerOffload* offload);  ///< null: nothing to do (no offload)
+    ~MasterWeightsScope() noexcept(false);
+    MasterWeightsScope(const MasterWeightsScope&) = delete;
+    MasterWeightsScope& operator=(const MasterWeightsScope&) = delete;
+
+   private:
+    OptimizerOffload* offload_;
+    std::vector<torch::Tensor> device_;
+  };
+
+  /// Measured from the tensors (tests compare them with the plan): the masters, accumulations, AdamW moments and EMA
+  /// are counted by their owners; this is the masters plus the accumulations, and the device copies.
+  int64_t master_bytes() const;
+  int64_t accumulation_bytes() const;
+  int64_t device_copy_bytes() const;
+  /// CPU seconds of the host thread's gradient work in the last step (accumulation, norms).
+  double host_grad_seconds() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  NamedTensors masters_;
+};
+
+}  // namespace pi0::train
