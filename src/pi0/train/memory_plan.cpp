@@ -347,8 +347,8 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
     // Tensors live on the GPU there; the host-side runtime and glibc slack terms were calibrated on CPU runs.
     out += printf_string("predicted training peak%s: %.2f GiB of tensors on the GPU (+ the CUDA context and the "
                          "caching allocator's reserve)", world_size > 1 ? " per rank" : "", gib(r.training_peak));
-    out += r.rank.offload ? printf_string("; %.2f GiB of pinned host memory (train.offload=optimizer)\n",
-                                          gib(r.rank.host_bytes))
+    out += r.rank.offload ? printf_string("; %.2f GiB of host memory (train.offload=optimizer; the master weights "
+                                          "pinned)\n", gib(r.rank.host_bytes))
                           : std::string("\n");
   } else {
     out += printf_string("predicted training peak%s: %.2f GiB of tensors; resident (peak RSS) %.2f GiB with the "

@@ -87,7 +87,7 @@ TEST_CASE("resize_with_pad keeps the aspect ratio and pads like openpi", "[unit]
   CHECK(wide[28 + 168].max().item<int>() == 0);
 }
 
-TEST_CASE("uint8 images map to [-1, 1] in NCHW", "[unit][data]") {
+TEST_CASE("uint8 images map to -1..1 in NCHW", "[unit][data]") {
   torch::Tensor img = torch::zeros({1, 2, 3}, torch::kUInt8);
   img[0][1][0] = 255;
   img[0][1][2] = 51;

@@ -13,7 +13,7 @@
 using namespace pi0;
 using namespace pi0::model;
 
-TEST_CASE("flow-matching time: Beta(1.5, 1)·0.999 + 0.001 in [0.001, 1)", "[unit][model]") {
+TEST_CASE("flow-matching time: Beta(1.5, 1)·0.999 + 0.001, from 0.001 up to 1 exclusive", "[unit][model]") {
   auto gen = at::detail::createCPUGenerator(7);
   const int64_t n = 200000;
   const auto t = sample_flow_time(n, torch::kFloat64, gen);
