@@ -37,6 +37,7 @@
 #include "pi0/io/manifest.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/io/sharded_state.h"
+#include "pi0/train/offload.h"
 #include "pi0/train/trainer_state.h"
 
 namespace pi0::train {

@@ -23,11 +23,12 @@
 #include "pi0/io/model_weights.h"
 #include "pi0/model/pi0.h"
 #include "pi0/train/ema.h"
-#include "pi0/train/offload.h"
 #include "pi0/train/optimizer.h"
 #include "pi0/train/trainer_state.h"
 
 namespace pi0::train {
+
+class OptimizerOffload;
 
 /// The checkpointed state of a trainer, by reference: save() reads it, restore writes into it. Everything is
 /// owned by the Trainer; the pointers may be null where noted.

@@ -67,11 +67,34 @@ model::ActivationMemory planned_activations(const config::Config& cfg, int64_t m
   return model::activation_memory(model::options_from_config(cfg.model), micro_batch, kPlannedCameras,
                                   cfg.train.precision == "float32" ? 4 : 2, cfg.train.gradient_checkpointing);
 }
+
+// The layer a parameter belongs to ("...layers.12"), or its module path outside the layer stacks.
+std::string layer_of(const std::string& name) {
+  const auto at = name.find("layers.");
+  if (at == std::string::npos) return name.substr(0, name.rfind('.'));
+  const auto end = name.find('.', at + 7);
+  return name.substr(0, end);
+}
+
+// train.offload=optimizer: gradients reach the host layer by layer, so the device holds about two layers' worth at a
+// time (one being produced, one being copied out): the two largest layers' device gradients.
+int64_t gradients_in_flight_to_host(const PlacementTable& table) {
+  std::map<std::string, int64_t> per_layer;
+  for (const auto& p : table.params)
+    if (p.on_host()) per_layer[layer_of(p.name)] += p.device_copy_bytes();
+  std::vector<int64_t> sizes;
+  for (const auto& [layer, bytes] : per_layer) sizes.push_back(bytes);
+  std::sort(sizes.rbegin(), sizes.rend());
+  int64_t bytes = 0;
+  for (size_t i = 0; i < std::min<size_t>(2, sizes.size()); ++i) bytes += sizes[i];
+  return bytes;
+}
 }  // namespace
 
 MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size) {
   MemoryPlan plan;
-  plan.params = planned_breakdown(cfg);
+  const auto table = make_placement(cfg);
+  plan.params = breakdown(table);
   plan.micro_batch = config::micro_batch_size(cfg.train, world_size);
   plan.num_cameras = kPlannedCameras;
   plan.activations = planned_activations(cfg, plan.micro_batch);
@@ -82,21 +105,10 @@ MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size) {
   const int64_t batches_held = cfg.data.num_workers == 0 ? 1 : cfg.data.prefetch + cfg.data.num_workers;
   plan.runtime_bytes = MemoryPlan::kRuntimeFloorBytes + batches_held * (local_batch - 1) * image_bytes;
   plan.allocator_slack_bytes = plan.activations.peak();
-  if (plan.params.offload) plan.offload_in_flight_bytes = plan_rank_memory(cfg, world_size).in_flight_bytes;
+  if (table.offload) plan.offload_in_flight_bytes = gradients_in_flight_to_host(table);
   return plan;
 }
 
-
-namespace {
-// The layer a parameter belongs to ("...layers.12"), or its module path outside the layer stacks: gradients reach
-// the host layer by layer, so the device holds about two layers' worth at a time.
-std::string layer_of(const std::string& name) {
-  const auto at = name.find("layers.");
-  if (at == std::string::npos) return name.substr(0, name.rfind('.'));
-  const auto end = name.find('.', at + 7);
-  return name.substr(0, end);
-}
-}  // namespace
 
 int64_t RankMemory::peak_bytes(const model::ActivationMemory& activations) const {
   return persistent_bytes() - grad_bytes +
@@ -128,18 +140,10 @@ RankMemory plan_rank_memory(const PlacementTable& table, const ParamBreakdown& p
   m.cast_bytes = params.total.cast_bytes;
   if (table.offload) {
     PI0_CHECK(mode == distributed::ShardMode::kNone, "plan_rank_memory: train.offload with dist.shard=", shard);
-    // The device keeps the frozen weights and the copies; the gradients leave during backward, two layers' worth
-    // at most on the device at a time (one being produced, one being copied out).
-    std::map<std::string, int64_t> per_layer;
-    for (const auto& p : table.params) {
-      if (!p.on_host()) continue;
-      m.weight_bytes += p.device_copy_bytes() - p.weight_bytes();
-      per_layer[layer_of(p.name)] += p.device_copy_bytes();
-    }
-    std::vector<int64_t> sizes;
-    for (const auto& [layer, bytes] : per_layer) sizes.push_back(bytes);
-    std::sort(sizes.rbegin(), sizes.rend());
-    for (size_t i = 0; i < std::min<size_t>(2, sizes.size()); ++i) m.in_flight_bytes += sizes[i];
+    // The device keeps the frozen weights and the copies; the gradients leave during backward.
+    for (const auto& p : table.params)
+      if (p.on_host()) m.weight_bytes += p.device_copy_bytes() - p.weight_bytes();
+    m.in_flight_bytes = gradients_in_flight_to_host(table);
     m.offload = true;
     m.share_elements = params.total.trainable;
     m.host_bytes = params.total.host_bytes + (world_size > 1 ? grad_total : 0);
@@ -181,7 +185,19 @@ RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size, bool 
 }
 
 RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size) {
-  return plan_rank_memory(cfg, world_size, cfg.train.offload == "optimizer");
+  const auto table = make_placement(cfg);  // train.offload as written
+  return plan_rank_memory(table, breakdown(table), cfg.dist.shard, world_size, cfg.dist.bucket_size_mb << 20);
+}
+
+std::string offload_refusal(const config::Config& cfg, int64_t world_size, bool cuda) {
+  if (world_size == 1) return "";
+  if (cfg.dist.shard != "none")
+    return "train.offload=optimizer with dist.shard=" + cfg.dist.shard + ": not combined (the optimizer state is "
+           "already on the host); use dist.shard=none, or train.offload=none";
+  if (cuda)
+    return "train.offload=optimizer with data parallelism over NCCL (several GPUs) is not supported yet; use "
+           "train.offload=none with dist.shard=optimizer or gradients to split the optimizer state";
+  return "";
 }
 
 bool choose_offload(const config::Config& cfg, int64_t world_size, int64_t device_bytes, std::string* why) {
@@ -192,6 +208,10 @@ bool choose_offload(const config::Config& cfg, int64_t world_size, int64_t devic
   }
   if (device_bytes <= 0) {
     if (why) *why = "train.offload=auto: none (training on the CPU, where host and device memory are the same)";
+    return false;
+  }
+  if (const auto refused = offload_refusal(cfg, world_size, /*cuda=*/true); !refused.empty()) {
+    if (why) *why = "train.offload=auto: none (" + refused + ")";
     return false;
   }
   const auto activations = planned_activations(cfg, config::micro_batch_size(cfg.train, world_size));
@@ -359,7 +379,7 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
                          gib(plan.allocator_slack_bytes));
   }
   out += format_card_fits(plan_card_fits(cfg, world_size, false), world_size);
-  if (cfg.dist.shard == "none" || world_size == 1)
+  if (offload_refusal(cfg, world_size, /*cuda=*/true).empty())
     out += format_card_fits(plan_card_fits(cfg, world_size, true), world_size);
   if (r.startup_peak > r.training_peak) {
     out += printf_string("start-up peak: %.2f GiB of tensors, %.2f GiB resident (random initialization in float32; "
@@ -386,7 +406,7 @@ nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size,
   j["host_bytes"] = r.rank.host_bytes;
   auto cards = nlohmann::json::array();
   auto fits = plan_card_fits(cfg, world_size, false);
-  if (cfg.dist.shard == "none" || world_size == 1) {
+  if (offload_refusal(cfg, world_size, /*cuda=*/true).empty()) {
     const auto offloaded = plan_card_fits(cfg, world_size, true);
     fits.insert(fits.end(), offloaded.begin(), offloaded.end());
   }

@@ -124,9 +124,14 @@ RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size, bool 
 /// The same with train.offload as written ("auto" counts as none).
 RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size);
 
+/// Why train.offload=optimizer cannot run at `world_size` ranks on GPUs (`cuda`) or CPUs, as one line, or "" when it
+/// can: dist.shard other than none (the optimizer state is partitioned instead), or data parallelism over NCCL
+/// (several GPUs; not supported yet).
+std::string offload_refusal(const config::Config& cfg, int64_t world_size, bool cuda);
+
 /// train.offload resolved: none and optimizer as written; auto picks the optimizer offload when the plan without it
 /// (at the configured micro-batch) does not fit `device_bytes` (the GPU's memory) less kCardReserveBytes, and never
-/// on the CPU (device_bytes 0: nothing to gain). `why` gets one line for the log.
+/// on the CPU (device_bytes 0: nothing to gain) or where offload_refusal() refuses it. `why` gets one line for the log.
 bool choose_offload(const config::Config& cfg, int64_t world_size, int64_t device_bytes, std::string* why);
 
 /// {"world_size", "shard", "rank", "share_elements", "weight_bytes", …, "persistent_bytes"}.

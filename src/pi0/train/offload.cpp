@@ -126,7 +126,8 @@ struct OptimizerOffload::Impl {
   std::vector<torch::Tensor> sum_sq;        // per tensor, of the accumulation after the last micro-batch
   std::vector<char> got;                    // a gradient reached the accumulation this step
   std::vector<char> fresh;                  // sum_sq[i] is of the current accumulation
-  bool last_micro = false;
+  bool norms = false;       // norms_as_they_arrive
+  bool last_micro = false;  // the micro-batch whose gradients are arriving is the step's last
   std::unique_ptr<distributed::GradAccumulationHooks> hooks;
   std::unique_ptr<HostThread> host;
   double grad_seconds = 0;
@@ -146,7 +147,7 @@ struct OptimizerOffload::Impl {
       a.add_(g);
     }
     fresh[i] = 0;
-    if (last_micro) {
+    if (norms && last_micro) {
       sum_sq[i] = tensor_sum_of_squares(a);
       fresh[i] = 1;
     }
@@ -189,10 +190,12 @@ struct OptimizerOffload::Impl {
   }
 };
 
-OptimizerOffload::OptimizerOffload(model::Pi0Impl& model, const PlacementTable& table, torch::Device device)
+OptimizerOffload::OptimizerOffload(model::Pi0Impl& model, const PlacementTable& table, torch::Device device,
+                                   bool norms_as_they_arrive)
     : impl_(std::make_unique<Impl>()) {
   auto& s = *impl_;
   s.device = device;
+  s.norms = norms_as_they_arrive;
 #ifdef PI0_WITH_CUDA
   if (device.is_cuda()) {
     if (!device.has_index()) s.device = torch::Device(torch::kCUDA, c10::cuda::current_device());
@@ -203,16 +206,9 @@ OptimizerOffload::OptimizerOffload(model::Pi0Impl& model, const PlacementTable& 
   PI0_CHECK(!device.is_cuda(), "train.offload: a CUDA device in a build without CUDA");
 #endif
   torch::NoGradGuard no_grad;
-  auto named = model.named_parameters();
-  PI0_CHECK(named.size() == table.params.size(), "OptimizerOffload: the model has ", named.size(),
-            " parameters, the placement table ", table.params.size());
-  size_t k = 0;
-  for (auto& item : named) {
-    const auto& place = table.params[k++];
-    PI0_CHECK(item.key() == place.name, "OptimizerOffload: parameter '", item.key(), "' where the table has '",
-              place.name, "'");
+  for (auto& [placement, p] : placed_parameters(model, table, "OptimizerOffload")) {
+    const auto& place = *placement;
     if (!place.on_host()) continue;
-    auto& p = item.value();
     PI0_CHECK(p.device().is_cpu() && p.scalar_type() == place.storage, "OptimizerOffload: '", place.name,
               "' must be built on the host in its storage dtype");
     // The master keeps the weight as loaded; the model's parameter becomes a separate tensor on the device (a new
@@ -243,8 +239,7 @@ OptimizerOffload::~OptimizerOffload() {
 void OptimizerOffload::before_forward(int64_t micro, int64_t n) {
   auto& s = *impl_;
   s.attach_hooks();
-  s.host->drain();
-  // Read by the host thread's tasks, queued from now on: the last micro-batch's accumulations compute their norms.
+  // Read by the host thread's tasks, queued from now on (it is idle: after_backward and MasterWeightsScope drain it).
   s.last_micro = micro + 1 == n;
   if (micro != 0) return;
   std::fill(s.got.begin(), s.got.end(), 0);
@@ -259,24 +254,22 @@ void OptimizerOffload::before_forward(int64_t micro, int64_t n) {
 
 void OptimizerOffload::after_backward(int64_t micro, int64_t n) {
   auto& s = *impl_;
-  // Set before the last backward's gradients are queued? No: the hooks of micro-batch `micro` have all run when
-  // backward returns, and the host thread reads last_micro only inside its tasks, which this drain orders.
-  s.host->drain();
-  if (micro + 1 != n) {
-    s.grad_seconds += s.host->take_cpu_seconds();
-    return;
+  s.host->drain();  // backward has returned, so every hook has queued its gradient: all are accumulated after this
+  const bool last = micro + 1 == n;
+  if (last && s.norms) {
+    // A parameter whose gradient came only in earlier micro-batches has no norm yet: computed here, on the host
+    // thread as well.
+    s.host->submit([&s] {
+      for (size_t i = 0; i < s.params.size(); ++i)
+        if (s.got[i] && !s.fresh[i]) {
+          s.sum_sq[i] = tensor_sum_of_squares(s.accumulation[i]);
+          s.fresh[i] = 1;
+        }
+    });
+    s.host->drain();
   }
-  // A parameter whose gradient came only in earlier micro-batches has no norm yet: computed here, on the host thread
-  // as well.
-  s.host->submit([&s] {
-    for (size_t i = 0; i < s.params.size(); ++i)
-      if (s.got[i] && !s.fresh[i]) {
-        s.sum_sq[i] = tensor_sum_of_squares(s.accumulation[i]);
-        s.fresh[i] = 1;
-      }
-  });
-  s.host->drain();
   s.grad_seconds += s.host->take_cpu_seconds();
+  if (!last) return;
   for (size_t i = 0; i < s.params.size(); ++i) {
     if (s.got[i]) s.masters[i].mutable_grad() = s.accumulation[i];
   }
@@ -284,6 +277,7 @@ void OptimizerOffload::after_backward(int64_t micro, int64_t n) {
 
 torch::Tensor OptimizerOffload::gradient_sum_of_squares() const {
   const auto& s = *impl_;
+  PI0_CHECK(s.norms, "OptimizerOffload: gradient norms were not summed as they arrived");
   torch::Tensor total;
   for (size_t i = 0; i < s.params.size(); ++i) {
     if (!s.got[i]) continue;
@@ -292,6 +286,8 @@ torch::Tensor OptimizerOffload::gradient_sum_of_squares() const {
   }
   return total;
 }
+
+bool OptimizerOffload::norms_as_they_arrive() const { return impl_->norms; }
 
 void OptimizerOffload::upload() {
   auto& s = *impl_;

@@ -36,7 +36,10 @@ class OptimizerOffload {
   /// `model`: built on the host with `table` applied and its weights loaded. Every host-resident parameter's tensor
   /// becomes its master (pinned on CUDA) and the model's parameter a new tensor on `device` in the table's
   /// device_copy dtype. The caller then moves the rest of the model (frozen weights, buffers) to the device.
-  OptimizerOffload(model::Pi0Impl& model, const PlacementTable& table, torch::Device device);
+  /// `norms_as_they_arrive`: the host thread sums each accumulated gradient's squares during the last micro-batch
+  /// (gradient_sum_of_squares()); off under data parallelism, where the all-reduce changes the gradients after.
+  OptimizerOffload(model::Pi0Impl& model, const PlacementTable& table, torch::Device device,
+                   bool norms_as_they_arrive);
   ~OptimizerOffload();
   OptimizerOffload(const OptimizerOffload&) = delete;
   OptimizerOffload& operator=(const OptimizerOffload&) = delete;
@@ -53,8 +56,10 @@ class OptimizerOffload {
   /// last one each master's .grad is its accumulation (undefined where no micro-batch produced a gradient).
   void after_backward(int64_t micro, int64_t n);
   /// The accumulated gradients' sum of squares (float64 scalar on the host), computed per tensor by the host thread
-  /// as the last micro-batch's gradients arrived: equal to gradient_sum_of_squares() over the masters' .grad.
+  /// as the last micro-batch's gradients arrived: equal to gradient_sum_of_squares() over the masters' .grad. Only
+  /// with norms_as_they_arrive.
   torch::Tensor gradient_sum_of_squares() const;
+  bool norms_as_they_arrive() const;
   /// After the host update (AdamW, EMA): the device copies take the masters' new values.
   void upload();
 

@@ -127,17 +127,29 @@ PlacementTable make_placement(const config::Config& cfg) {
   return make_placement(cfg, cfg.train.offload == "optimizer");
 }
 
-void apply_placement(model::Pi0Impl& model, const PlacementTable& table, bool weights_from_file) {
-  torch::NoGradGuard no_grad;
+std::vector<std::pair<const ParamPlacement*, torch::Tensor>> placed_parameters(model::Pi0Impl& model,
+                                                                               const PlacementTable& table,
+                                                                               const char* who) {
   auto named = model.named_parameters();
-  PI0_CHECK(named.size() == table.params.size(), "apply_placement: the model has ", named.size(),
+  PI0_CHECK(named.size() == table.params.size(), who, ": the model has ", named.size(),
             " parameters, the placement table ", table.params.size());
+  std::vector<std::pair<const ParamPlacement*, torch::Tensor>> out;
+  out.reserve(named.size());
   size_t i = 0;
   for (auto& item : named) {
-    const auto& place = table.params[i++];
-    PI0_CHECK(item.key() == place.name, "apply_placement: parameter ", i - 1, " is '", item.key(),
-              "', the placement table says '", place.name, "'");
-    auto& p = item.value();
+    const auto& place = table.params[i];
+    PI0_CHECK(item.key() == place.name, who, ": parameter ", i, " is '", item.key(), "', the placement table says '",
+              place.name, "'");
+    out.emplace_back(&place, item.value());
+    ++i;
+  }
+  return out;
+}
+
+void apply_placement(model::Pi0Impl& model, const PlacementTable& table, bool weights_from_file) {
+  torch::NoGradGuard no_grad;
+  for (auto& [placement, p] : placed_parameters(model, table, "apply_placement")) {
+    const auto& place = *placement;
     p.set_requires_grad(place.trainable);
     if (p.scalar_type() != place.storage) {
       const bool drawn = !weights_from_file || place.name.find(".lora_") != std::string::npos;

@@ -22,6 +22,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -95,6 +96,12 @@ PlacementTable make_placement(const std::vector<model::ParamSpec>& layout, const
 PlacementTable make_placement(const config::Config& cfg, bool offload);
 /// The same with train.offload as written ("auto" counts as none).
 PlacementTable make_placement(const config::Config& cfg);
+
+/// `model`'s parameters, each with its entry of `table`, in registration order. PI0_CHECKs (naming `who`) that
+/// they are the table's parameters in the table's order: what is built is what the plan counts.
+std::vector<std::pair<const ParamPlacement*, torch::Tensor>> placed_parameters(model::Pi0Impl& model,
+                                                                               const PlacementTable& table,
+                                                                               const char* who);
 
 /// Applies `table` to a built model (before its weights are loaded): requires_grad per the trainable flags, each
 /// parameter's storage dtype and the model's compute and buffer dtypes. `weights_from_file`: the parameters are

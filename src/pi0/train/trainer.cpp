@@ -83,12 +83,10 @@ void Trainer::plan_model() {
   // nothing allocated), which build_model applies.
   std::string why;
   const bool offload = choose_offload(cfg_, options_.world_size, device_memory_bytes(device_), &why);
-  if (offload && pg_ && cfg_.dist.shard != "none")
-    throw UserError("train.offload=optimizer with dist.shard=" + cfg_.dist.shard + ": not combined (the optimizer "
-                    "state is already on the host); use dist.shard=none, or train.offload=none");
-  if (offload && pg_ && device_.is_cuda())
-    throw UserError("train.offload=optimizer with data parallelism over NCCL (several GPUs) is not supported yet; "
-                    "use train.offload=none with dist.shard=optimizer or gradients to split the optimizer state");
+  if (offload) {
+    const auto refused = offload_refusal(cfg_, options_.world_size, device_.is_cuda());
+    if (!refused.empty()) throw UserError(refused);
+  }
   if (options_.rank == 0 && cfg_.train.offload != "none") spdlog::info("{}", why);
   placement_ = make_placement(cfg_, offload);
   const auto mask = placement_.trainable_mask();
@@ -158,7 +156,9 @@ void Trainer::build_model() {
     // Every replica starts from rank 0's weights, synchronized where they are (Gloo: offload with NCCL is refused),
     // before the device copies are made from them.
     if (pg_) check_and_sync_replicas();
-    offload_ = std::make_unique<OptimizerOffload>(*model_, placement_, device_);
+    // One process: the norm is summed from per-tensor sums made as the gradients arrive; with several the all-reduce
+    // changes the gradients afterwards, so it is summed after it, as without offload.
+    offload_ = std::make_unique<OptimizerOffload>(*model_, placement_, device_, /*norms_as_they_arrive=*/!pg_);
   }
   model_->to(device_);
   model_->set_gradient_checkpointing(cfg_.train.gradient_checkpointing);
@@ -171,10 +171,8 @@ void Trainer::build_model() {
   if (offload_) {
     trainable = offload_->masters();
   } else {
-    size_t i = 0;
-    for (auto& item : model_->named_parameters()) {
-      if (placement_.params[i++].trainable) trainable.emplace_back(item.key(), item.value());
-    }
+    for (auto& [place, p] : placed_parameters(*model_, placement_, "Trainer"))
+      if (place->trainable) trainable.emplace_back(place->name, p);
   }
   if (trainable.empty()) throw UserError("train.freeze '" + cfg_.train.freeze + "' leaves nothing to train");
   trainable_params_ = trainable;
@@ -359,7 +357,8 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   {
     // The step's one wait for the GPU: the loss and the gradients' sum of squares, read together.
     // Offloaded (one process): the per-tensor sums were made on the host as the gradients arrived.
-    const auto sum_sq = offload_ && !pg_ ? offload_->gradient_sum_of_squares() : gradient_sum_of_squares(grads);
+    const auto sum_sq = offload_ && offload_->norms_as_they_arrive() ? offload_->gradient_sum_of_squares()
+                                                                     : gradient_sum_of_squares(grads);
     const auto host = torch::stack({loss_sum, sum_sq.defined() ? sum_sq.to(loss_sum.device())
                                                                : torch::zeros_like(loss_sum)}).cpu();
     result.loss = host[0].item<double>() / static_cast<double>(n_micro);

@@ -264,6 +264,15 @@ TEST_CASE("train.offload=auto: the optimizer goes to the host exactly when the p
   CHECK_THAT(why, Catch::Contains("optimizer (the plan's peak") && Catch::Contains("host memory"));
   CHECK(train::choose_offload(cfg, 1, 24ll << 30, &why));
   CHECK_FALSE(train::choose_offload(cfg, 1, 0, &why));  // the CPU
+  // Never where the trainer would refuse it: several GPUs (NCCL), or a partitioned optimizer state.
+  CHECK_FALSE(train::choose_offload(cfg, 2, 24ll << 30, &why));
+  CHECK_THAT(why, Catch::Contains("none (train.offload=optimizer with data parallelism over NCCL"));
+  auto sharded = cfg;
+  sharded.dist.shard = "gradients";
+  CHECK_FALSE(train::choose_offload(sharded, 2, 24ll << 30, &why));
+  CHECK_THAT(why, Catch::Contains("none (train.offload=optimizer with dist.shard=gradients: not combined"));
+  CHECK(train::offload_refusal(cfg, 2, /*cuda=*/false).empty());  // Gloo ranks
+  CHECK(train::offload_refusal(sharded, 1, /*cuda=*/true).empty());  // nothing to partition in one process
   // Written values are kept whatever the device.
   auto fixed = cfg;
   fixed.train.offload = "none";
