@@ -1,7 +1,8 @@
 // bench_host_optimizer: how fast the host (CPU) runs the trainer's AdamW step and EMA update over float32 master
 // weights, per thread — the figure a host-resident optimizer (issue 33, train.offload) must reach to hide behind
-// the GPU's forward and backward. Measures this build's AdamW (train/optimizer.h: multi-tensor foreach ops where
-// LibTorch has them, a per-tensor loop of ATen ops on 1.13) and Ema (train/ema.h) on synthetic parameters split
+// the GPU's forward and backward. Measures this build's AdamW in both of its host forms (train/optimizer.h: the
+// one-pass update the trainer uses, at::_fused_adamw_ on LibTorch >= 2.4 or host_adamw_step's loop on 1.13; and the
+// op sequence, foreach ops where LibTorch has them) and Ema (train/ema.h) on synthetic parameters split
 // into tensors of Gemma-like sizes, at each thread count asked for, and projects the time of a pi0 full fine-tune's
 // update (3.3e9 parameters) on a 16-core host assuming per-thread throughput holds (an upper bound on scaling: the
 // update is memory-bound, ~42 bytes per parameter; see ../shared/docs/memory-and-speed-anchors.md).
@@ -85,29 +86,38 @@ int run(const Args& args) {
   train::AdamWOptions ao;
   ao.beta1 = 0.9, ao.beta2 = 0.95, ao.eps = 1e-8, ao.weight_decay = 1e-10;  // openpi's defaults
   train::AdamW adamw(params, ao);
+  auto ops_options = ao;
+  ops_options.fused_host = false;
+  train::AdamW adamw_ops(params, ops_options);
   train::Ema ema(params, 0.99);
   std::printf("%lld float32 parameters in %zu tensors; %s\n\n", static_cast<long long>(total), params.size(),
               set_num_threads(1).describe().c_str());
-  std::printf("%7s %12s %12s %12s %16s %18s %22s\n", "threads", "adamw s", "ema s", "total s", "params/s",
-              "params/s/thread", "pi0 (3.3e9) on 16 cores");
+  std::printf("%7s %12s %12s %12s %12s %16s %18s %22s\n", "threads", "adamw s", "op-seq s", "ema s", "total s",
+              "params/s", "params/s/thread", "pi0 (3.3e9) on 16 cores");
   nlohmann::json rows = nlohmann::json::array();
   for (const int t : thread_counts(args.threads)) {
     set_num_threads(t);
-    std::vector<double> adamw_s, ema_s;
+    std::vector<double> adamw_s, ops_s, ema_s;
     for (int s = 0; s <= args.steps; ++s) {
       auto t0 = Clock::now();
       adamw.step(2.5e-5, grads);
       const double a = std::chrono::duration<double>(Clock::now() - t0).count();
       t0 = Clock::now();
+      adamw_ops.step(2.5e-5, grads);
+      const double o = std::chrono::duration<double>(Clock::now() - t0).count();
+      t0 = Clock::now();
       ema.update();
       const double e = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (s > 0) adamw_s.push_back(a), ema_s.push_back(e);  // the first update allocates nothing new but warms
+      if (s > 0) adamw_s.push_back(a), ops_s.push_back(o), ema_s.push_back(e);  // the first one warms the caches
     }
-    const double a = median(adamw_s), e = median(ema_s), rate = static_cast<double>(total) / (a + e);
+    const double a = median(adamw_s), o = median(ops_s), e = median(ema_s);
+    const double rate = static_cast<double>(total) / (a + e);
     const double per_thread = rate / t, projected = 3.3e9 / (per_thread * 16);
-    std::printf("%7d %12.4f %12.4f %12.4f %16.3g %18.3g %21.2fs\n", t, a, e, a + e, rate, per_thread, projected);
+    std::printf("%7d %12.4f %12.4f %12.4f %12.4f %16.3g %18.3g %21.2fs\n", t, a, o, e, a + e, rate, per_thread,
+                projected);
     rows.push_back({{"threads", t},
                     {"adamw_s", a},
+                    {"adamw_op_sequence_s", o},
                     {"ema_s", e},
                     {"params_per_s", rate},
                     {"params_per_s_per_thread", per_thread},

@@ -276,7 +276,7 @@ int run(const Args& args) {
     auto vis = time_it(
         [&] {
           m->zero_grad(true);
-          pwe.vision->forward(images, torch::kFloat32, false).sum().backward();
+          pwe.vision->forward(images, torch::kFloat32, 0).sum().backward();
         },
         1, args.iters);
     add({"profile: SigLIP fwd+bwd", batch, vis, 3.0 * fwd.vision, local_gemm(), ""});
@@ -291,7 +291,7 @@ int run(const Args& args) {
           auto pad = torch::cat({prefix.pad_mask, suffix.pad_mask}, 1);
           auto ar = torch::cat({prefix.ar_mask, suffix.ar_mask}, 0);
           auto out = pwe.forward(pre_embs, suffix.embs, nn::make_attn_mask(pad, ar), nn::positions_from_mask(pad),
-                                 suffix.cond, nullptr, nullptr, false);
+                                 suffix.cond, nullptr, nullptr, 0);
           (out.prefix.sum() + out.suffix.sum()).backward();
         },
         1, args.iters);

@@ -173,7 +173,7 @@ config::Config bench_config(const Args& a, int64_t batch) {
   cfg.train.precision = a.precision;
   cfg.train.device = a.device;
   cfg.checkpoint.init_weights = "";  // throughput does not depend on the weights' values
-  cfg.train.gradient_checkpointing = a.checkpointing;
+  cfg.train.gradient_checkpointing = a.checkpointing ? "true" : "false";
   cfg.train.offload = a.offload;
   cfg.train.grad_accum_steps = a.grad_accum;
   if (!a.freeze.empty()) cfg.train.freeze = a.freeze;

@@ -6,6 +6,7 @@
 // Exit codes: 0 done (or stopped by SIGINT/SIGTERM: after saving, or before the first step with nothing to save),
 // 2 bad input, 3 training diverged or out of memory, 1 internal, 4 distributed failure (a peer rank died or hung, rendezvous failed).
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,18 +60,24 @@ int print_params(const pi0::config::Config& cfg, const Args& args) {
   return 0;
 }
 
-// What an out-of-memory error will report (app/out_of_memory.h): the plan --print-params prints for this job.
-void remember_memory_plan(const pi0::config::Config& cfg, int64_t world_size) {
+// What an out-of-memory error will report (app/out_of_memory.h): the plan --print-params prints for this job, or
+// once `trainer` is built, the plan of what it runs: train.offload and train.gradient_checkpointing as it decided
+// "auto" from the GPU's memory.
+void remember_memory_plan(const pi0::config::Config& cfg, int64_t world_size, pi0::train::Trainer* trainer = nullptr) {
   pi0::app::OutOfMemoryContext c;
   c.world_size = world_size;
   c.grad_accum_steps = cfg.train.grad_accum_steps;
-  c.gradient_checkpointing = cfg.train.gradient_checkpointing;
   c.freeze = cfg.train.freeze;
   c.shard = cfg.dist.shard;
   try {
-    const auto plan = pi0::train::plan_memory(cfg, world_size);
+    std::optional<pi0::model::CheckpointedLayers> checkpointed;
+    if (trainer) checkpointed = trainer->model()->checkpointed_layers();
+    const auto plan = pi0::train::plan_memory(cfg, world_size, checkpointed);
+    c.checkpointing = pi0::train::describe_checkpointing(cfg, plan.checkpointed);
     c.micro_batch = plan.micro_batch;
-    c.predicted_peak_bytes = pi0::train::plan_rank_memory(cfg, world_size).peak_bytes(plan.activations);
+    const auto rank = trainer ? pi0::train::plan_rank_memory(cfg, world_size, trainer->offload() != nullptr)
+                              : pi0::train::plan_rank_memory(cfg, world_size);
+    c.predicted_peak_bytes = rank.peak_bytes(plan.activations);
   } catch (const std::exception&) {
     // A config the plan refuses is refused by the trainer too, with the same message: the context stays partial.
   }
@@ -135,6 +142,7 @@ int train_main(int argc, char** argv) {
   try {
     pi0::test_pause_until_interrupt("train_startup");  // tests only (docs/testing.md): a stop before the Trainer's build
     pi0::train::Trainer trainer(cfg, run);
+    remember_memory_plan(cfg, run.world_size, &trainer);
     trainer.run();
   } catch (const pi0::Interrupted&) {
     // SIGINT/SIGTERM during start-up (data checks, model build, weight load, resume): a stop on request, not a

@@ -4,6 +4,7 @@
 // same files, so a run saved either way resumes the other way. And the bytes each side places equal the plan.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -188,4 +189,43 @@ TEST_CASE("offload: auto keeps everything on the CPU device, and bad values name
   CHECK_FALSE(train::choose_offload(run.config("auto", {"train.offload=auto"}), 1, 0, &why));
   CHECK_THAT(why, Contains("CPU"));
   CHECK_THROWS_WITH(run.config("x", {"train.offload=host"}), Contains("train.offload") && Contains("none, optimizer or auto"));
+}
+
+TEST_CASE("offload: the host update runs in the forward's order, each parameter once", "[integration][train][offload]") {
+  TinyRun run;
+  train::Trainer t(run.config("groups", {"train.offload=optimizer", "train.num_steps=1"}));
+  REQUIRE(t.offload() != nullptr);
+  const auto& masters = t.offload()->masters();
+  const auto groups = t.offload()->update_groups();
+  // Outside the layers first (embeddings, projections, final norms), then SigLIP's layers, then the joint ones, each
+  // in ascending order: the order the forward reads them, so the next forward waits as little as it can.
+  std::vector<std::string> order;
+  std::vector<int> seen(masters.size(), 0);
+  for (const auto& g : groups) {
+    REQUIRE_FALSE(g.empty());
+    std::string key;
+    for (const size_t i : g) {
+      REQUIRE(i < masters.size());
+      ++seen[i];
+      const auto& name = masters[i].first;
+      const auto layers = name.find("layers.");
+      std::string k = layers == std::string::npos
+                          ? "outside"
+                          : (name.find("encoder.layers.") != std::string::npos ? "vision " : "joint ") +
+                                name.substr(layers + 7, name.find('.', layers + 7) - layers - 7);
+      if (key.empty()) key = k;
+      CHECK(k == key);  // a group is one layer (or everything outside them)
+    }
+    order.push_back(key);
+  }
+  for (size_t i = 0; i < seen.size(); ++i) CHECK(seen[i] == 1);
+  REQUIRE(order.size() >= 3);
+  CHECK(order.front() == "outside");
+  const auto vision_end = std::find_if(order.begin() + 1, order.end(), [](const std::string& k) { return k.rfind("joint", 0) == 0; });
+  CHECK(vision_end - order.begin() > 1);  // the tiny model trains its vision layers
+  CHECK(std::all_of(order.begin() + 1, vision_end, [](const std::string& k) { return k.rfind("vision ", 0) == 0; }));
+  CHECK(std::all_of(vision_end, order.end(), [](const std::string& k) { return k.rfind("joint ", 0) == 0; }));
+  auto index = [](const std::string& k) { return std::stoi(k.substr(k.find(' ') + 1)); };
+  for (auto it = order.begin() + 2; it < vision_end; ++it) CHECK(index(*it) == index(*(it - 1)) + 1);
+  for (auto it = vision_end + 1; it < order.end(); ++it) CHECK(index(*it) == index(*(it - 1)) + 1);
 }

@@ -79,14 +79,14 @@ std::string out_of_memory_message(const std::string& allocator_message,
   if (c.predicted_peak_bytes >= 0) {
     out += "; the memory plan (pi0-train --print-params) predicts a training peak of " +
            gib(c.predicted_peak_bytes) + " of tensors" + (c.world_size > 1 ? " per GPU" : "") + " (micro-batch " +
-           std::to_string(c.micro_batch) + ", gradient checkpointing " + (c.gradient_checkpointing ? "on" : "off") +
+           std::to_string(c.micro_batch) + ", gradient checkpointing " + c.checkpointing +
            ")";
     if (gpu_total_bytes > 0 && c.predicted_peak_bytes < gpu_total_bytes)
       out += ", below the GPU's total: other processes may hold GPU memory (nvidia-smi), or the CUDA context and the "
              "allocator's reserve take the rest";
   }
   std::vector<std::string> levers;
-  if (!c.gradient_checkpointing) levers.push_back("train.gradient_checkpointing=true");
+  if (c.checkpointing != "on") levers.push_back("train.gradient_checkpointing=true");
   if (c.micro_batch > 1) {
     int64_t f = 2;
     while (c.micro_batch % f != 0) ++f;  // the smallest factor: the least accumulation that shrinks the micro-batch

@@ -15,7 +15,9 @@ struct OutOfMemoryContext {
   int64_t world_size = 1;
   int64_t micro_batch = 0;            ///< samples per rank per micro-step
   int64_t grad_accum_steps = 1;
-  bool gradient_checkpointing = false;
+  /// Gradient checkpointing as the plan says it (train::describe_checkpointing): "on" (every layer), "off", or the
+  /// layers train.gradient_checkpointing=auto chose, "12 of 27 vision, 10 of 18 language layers".
+  std::string checkpointing = "off";
   std::string freeze;  ///< train.freeze
   std::string shard;   ///< dist.shard
 };

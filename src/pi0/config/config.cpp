@@ -422,6 +422,10 @@ Config parse_config(const YAML::Node& input, const std::string& source, const st
   for (const auto& o : overrides) apply_override(root, o, source);
   Config c;
   Reader::read_struct(root, c, "", source, &marks);
+  // train.gradient_checkpointing was a bool until `auto` joined it: every spelling YAML reads as a bool (True, yes,
+  // on, ...) keeps meaning what it did.
+  if (bool on = false; YAML::convert<bool>::decode(YAML::Node(c.train.gradient_checkpointing), on))
+    c.train.gradient_checkpointing = on ? "true" : "false";
   validate(c);
   return c;
 }
@@ -520,6 +524,8 @@ void validate(const Config& c) {
           "'" + t.precision + "'", "float32, bf16-mixed or bf16");
   require(t.offload == "none" || t.offload == "optimizer" || t.offload == "auto", "train.offload",
           "'" + t.offload + "'", "none, optimizer or auto");
+  require(t.gradient_checkpointing == "false" || t.gradient_checkpointing == "true" || t.gradient_checkpointing == "auto",
+          "train.gradient_checkpointing", "'" + t.gradient_checkpointing + "'", "false, true or auto");
   require(t.device == "cpu" || t.device.rfind("cuda", 0) == 0, "train.device", "'" + t.device + "'",
           "cpu, cuda or cuda:N");
   require(t.lr_warmup_steps >= 0, "train.lr_warmup_steps", t.lr_warmup_steps, ">= 0");

@@ -154,7 +154,9 @@ struct TrainConfig {
   int64_t seed = 42;
   std::string device = "cpu";
   std::string precision = "bf16-mixed";
-  bool gradient_checkpointing = false;
+  /// "false" | "true" (recompute every transformer layer in backward) | "auto" (only as many layers as the memory
+  /// plan says the micro-batch needs on the GPU; none on the CPU). YAML's true / false read as "true" / "false".
+  std::string gradient_checkpointing = "false";
   bool weight_cast_cache = true;
   std::string offload = "none";
   std::string freeze = "full";
@@ -180,7 +182,7 @@ struct TrainConfig {
     v("seed", seed, "seed of every random stream (init, noise, time, shuffling, augmentation)");
     v("device", device, "cpu, cuda or cuda:N (under torchrun the local rank picks the GPU)");
     v("precision", precision, "float32 | bf16-mixed (f32 master weights, bf16 matmuls) | bf16 (all bf16)");
-    v("gradient_checkpointing", gradient_checkpointing, "recompute each transformer layer in backward to save memory");
+    v("gradient_checkpointing", gradient_checkpointing, "false | true (recompute each transformer layer in backward to save memory) | auto (only as many layers as the memory plan says the micro-batch needs to fit the GPU; none on the CPU). See docs/memory.md");
     v("weight_cast_cache", weight_cast_cache, "bf16-mixed: cast float32 weights to bf16 once per step and reuse the copy in recomputation (costs 2 bytes per trainable weight during forward/backward)");
     v("offload", offload, "none | optimizer (float32 master weights, AdamW moments, EMA and gradient accumulation in host memory; only the compute-dtype weights on the device) | auto (optimizer when the memory plan does not fit the GPU without it). See docs/memory.md");
     v("freeze", freeze, "trainable preset: full, projection-only, +vision, +language, action-expert-only, freeze-vision, lora, lora-only");

@@ -23,8 +23,13 @@ int64_t attention_bytes_per_token(const GemmaOptions& g, int64_t e) {
 }  // namespace
 
 ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t num_cameras, int64_t compute_bytes,
-                                   bool checkpointing) {
+                                   const CheckpointedLayers& checkpointed) {
   PI0_CHECK(batch > 0 && num_cameras > 0, "batch and num_cameras must be positive");
+  const auto all = all_layers(o);
+  PI0_CHECK(checkpointed.vision >= 0 && checkpointed.vision <= all.vision && checkpointed.language >= 0 &&
+                checkpointed.language <= all.language,
+            "checkpointed layers (", checkpointed.vision, ", ", checkpointed.language, ") outside 0..", all.vision,
+            " and 0..", all.language);
   PI0_CHECK(compute_bytes == 2 || compute_bytes == 4, "compute_bytes must be 2 or 4 (got ", compute_bytes, ")");
   const int64_t e = compute_bytes;
   const auto& p = o.paligemma;
@@ -53,17 +58,31 @@ ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t n
   const int64_t outside = images * patches * (3 * s.patch_size * s.patch_size * 4 + 2 * s.width * e + p.width * e) +
                           batch * (tp * p.width + ts * x.width) * (8 + e);
 
+  // The model never recomputes the last joint layer, so depth − 1 and depth checkpointed joint layers are the same
+  // run: both are planned as the whole stack checkpointed, whose figure counts the last layer as its input (its
+  // tensors and a recomputed layer are never alive together, and the recomputed-layer term covers them).
+  const int64_t cv = checkpointed.vision;
+  const int64_t cl = checkpointed.language > 0 && checkpointed.language >= p.depth - 1 ? p.depth : checkpointed.language;
+  const int64_t inputs = cv * vision_inputs + cl * joint_inputs;
+  const int64_t whole_vision = (s.depth - cv) * vision_layer, whole_joint = (p.depth - cl) * joint_layer;
+  // The three moments of the file comment: forward's end; a joint layer recomputed (the later, whole joint layers
+  // already freed); a SigLIP layer recomputed. The joint inputs are kept in the last, as the whole-stack figure
+  // always has (backward has freed most of them by then).
+  int64_t held = whole_vision + whole_joint;
+  if (cl > 0) held = std::max(held, whole_vision + joint_layer);
+  if (cv > 0) held = std::max(held, vision_layer);
   ActivationMemory m;
-  if (checkpointing) {
-    m.saved = p.depth * joint_inputs + s.depth * vision_inputs + outside + std::max(joint_layer, vision_layer);
-    m.last_layer = vision_layer;
-  } else {
-    m.saved = p.depth * joint_layer + s.depth * vision_layer + outside;
-    m.last_layer = vision_layer;
-  }
+  m.saved = inputs + outside + held;
+  m.last_layer = vision_layer;
   // The float32 logits of one layer and their gradient in backward, or SigLIP's for all images.
   m.transient = 8 * std::max(logits, images * vision_heads * patches * patches);
   return m;
+}
+
+ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t num_cameras, int64_t compute_bytes,
+                                   bool checkpointing) {
+  return activation_memory(o, batch, num_cameras, compute_bytes,
+                           checkpointing ? all_layers(o) : CheckpointedLayers{});
 }
 
 }  // namespace pi0::model

@@ -12,9 +12,13 @@
 //                                                  e' = 0 in float32, where both are the same tensor)
 //   SigLIP layer  2 LayerNorms · (4 + e)·Ws + 4e·Ws + 2e·Ms, + Nv·P²·(4 + e') per image
 // W, M: width and MLP width; N, K, D: query heads, key/value heads, head dim; T = S = prefix + suffix tokens.
-// Without gradient checkpointing every layer's tensors are alive at the end of the forward pass. With it only
-// each layer's inputs are kept, and backward recomputes one layer at a time, so the peak holds the inputs of all
-// layers plus the largest single layer. Either way the largest transient of the attention (float32 logits and
+// Without gradient checkpointing every layer's tensors are alive at the end of the forward pass. A checkpointed
+// layer keeps only its input, and backward recomputes one layer at a time, so with every layer checkpointed the
+// peak holds the inputs of all layers plus the largest single layer. With only the first layers of a stack
+// checkpointed (CheckpointedLayers), the peak is the largest of three moments: the end of the forward pass (the
+// whole layers and the checkpointed inputs); the recomputation of a joint layer, when backward has freed the later,
+// whole joint layers but the whole SigLIP layers are still alive; the recomputation of a SigLIP layer, when only
+// inputs are left. Either way the largest transient of the attention (float32 logits and
 // their gradient, 8·N·T·S bytes) comes on top. Backward frees a layer's tensors as it creates the gradients of
 // that layer's weights, so the step's peak is the larger of "all activations, no gradients yet" and "all
 // gradients, plus what the last layer to be differentiated still holds" (train::MemoryPlan::peak_bytes). Biases, LoRA factors (rank ≪ W), norms' per-row statistics
@@ -36,7 +40,10 @@ struct ActivationMemory {
 };
 
 /// Estimate for a batch of `batch` samples with `num_cameras` images each, computing in `compute_bytes`-byte
-/// elements (2 or 4), with or without per-layer gradient checkpointing.
+/// elements (2 or 4), with the layers of `checkpointed` recomputed in backward (each count 0 to its stack's depth).
+ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t num_cameras, int64_t compute_bytes,
+                                   const CheckpointedLayers& checkpointed);
+/// The same with every layer checkpointed (all_layers(o)) or none.
 ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t num_cameras, int64_t compute_bytes,
                                    bool checkpointing);
 

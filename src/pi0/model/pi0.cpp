@@ -219,7 +219,7 @@ PaliGemmaWithExpertImpl::Output PaliGemmaWithExpertImpl::forward(const torch::Te
                                                                  const torch::Tensor& positions,
                                                                  const torch::Tensor& cond,
                                                                  const KVCache* cache_in, KVCache* cache_out,
-                                                                 bool checkpoint_layers) {
+                                                                 int64_t checkpointed_layers) {
   PI0_CHECK(prefix.defined() || suffix.defined(), "joint forward needs at least one expert's input");
   auto x_prefix = prefix, x_suffix = suffix;
   const int64_t depth = language_model->options.depth;
@@ -229,12 +229,13 @@ PaliGemmaWithExpertImpl::Output PaliGemmaWithExpertImpl::forward(const torch::Te
   const auto rope = nn::rope_tables(positions, language_model->options.head_dim,
                                     nn::upcast(prefix.defined() ? prefix : suffix).scalar_type());
   for (int64_t l = 0; l < depth; ++l) {
+    if (layer_gate) layer_gate(LayerStack::kJoint, l);
     torch::Tensor kc, vc;
     if (cache_in) kc = cache_in->k.at(l), vc = cache_in->v.at(l);
     std::vector<torch::Tensor> out;
     // The last layer is never checkpointed: backward starts there, so its recomputation would coexist with the
     // same activations anyway — keeping them costs no peak memory and saves one layer's recomputation.
-    if (checkpoint_layers && !cache_out && l + 1 < depth) {
+    if (l < checkpointed_layers && !cache_out && l + 1 < depth) {
       auto params = language_model->layers[l]->parameters();
       for (const auto& p : expert->layers[l]->parameters()) params.push_back(p);
       out = nn::checkpoint(
@@ -282,7 +283,7 @@ Pi0Impl::Embedded Pi0Impl::embed_prefix(const Observation& obs) {
   auto& pwe = *paligemma_with_expert;
   // All cameras go through SigLIP as one batch.
   auto images = n_cam == 1 ? obs.images[0] : torch::cat(obs.images, 0);
-  auto img_tokens = pwe.projector->forward(pwe.vision->forward(images, compute_dtype_, checkpointing_));
+  auto img_tokens = pwe.projector->forward(pwe.vision->forward(images, compute_dtype_, checkpointed_.vision));
   const int64_t p = img_tokens.size(1);
   std::vector<torch::Tensor> embs, masks;
   for (int64_t c = 0; c < n_cam; ++c) {
@@ -324,6 +325,24 @@ Pi0Impl::Embedded Pi0Impl::embed_suffix(const torch::Tensor& state, const torch:
   return out;
 }
 
+void Pi0Impl::set_gradient_checkpointing(bool on) {
+  const auto all = all_layers(options_);
+  set_checkpointed_layers(on ? all.vision : 0, on ? all.language : 0);
+}
+
+void Pi0Impl::set_checkpointed_layers(int64_t vision, int64_t language) {
+  const auto all = all_layers(options_);
+  PI0_CHECK(vision >= 0 && vision <= all.vision && language >= 0 && language <= all.language,
+            "checkpointed layers (", vision, " vision, ", language, " language) outside 0..", all.vision, " and 0..",
+            all.language);
+  checkpointed_ = {vision, language};
+}
+
+void Pi0Impl::set_layer_gate(LayerGate gate) {
+  paligemma_with_expert->vision->layer_gate = gate;
+  paligemma_with_expert->layer_gate = std::move(gate);
+}
+
 torch::Tensor Pi0Impl::velocity_full(const Embedded& prefix, const torch::Tensor& state, const torch::Tensor& x_t,
                                      const torch::Tensor& time) {
   auto suffix = embed_suffix(state, x_t, time);
@@ -332,7 +351,7 @@ torch::Tensor Pi0Impl::velocity_full(const Embedded& prefix, const torch::Tensor
   auto mask = attention_mask_for(nn::make_attn_mask(pad, ar), prefix.embs);
   auto positions = nn::positions_from_mask(pad);
   auto out = paligemma_with_expert->forward(prefix.embs, suffix.embs, mask, positions, suffix.cond, nullptr, nullptr,
-                                            checkpointing_);
+                                            checkpointed_.language);
   const int64_t h = options_.action_horizon;
   return action_out_proj->forward(nn::upcast(out.suffix.narrow(1, out.suffix.size(1) - h, h)));
 }
@@ -416,7 +435,7 @@ torch::Tensor Pi0Impl::denoise(const KVCache& cache, const torch::Tensor& prefix
                            2);
     auto positions = prefix_len + suffix.pad_mask.to(torch::kLong).cumsum(1) - 1;
     auto out = pwe.forward(torch::Tensor(), suffix.embs, attention_mask_for(mask, suffix.embs), positions,
-                           suffix.cond, &cache, nullptr, false);
+                           suffix.cond, &cache, nullptr, 0);
     auto v = action_out_proj->forward(nn::upcast(out.suffix.narrow(1, ts - h, h)));
     x = x + dt * v;
     t += dt;
@@ -445,7 +464,7 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
   if (use_kv_cache) {
     pwe.forward(prefix.embs, torch::Tensor(),
                 attention_mask_for(nn::make_attn_mask(prefix.pad_mask, prefix.ar_mask), prefix.embs),
-                nn::positions_from_mask(prefix.pad_mask), torch::Tensor(), nullptr, &cache, false);
+                nn::positions_from_mask(prefix.pad_mask), torch::Tensor(), nullptr, &cache, 0);
   }
   if (timing) {
     timing->prefix_ms = elapsed_ms(clock, device);

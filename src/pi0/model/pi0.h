@@ -29,6 +29,20 @@ struct Pi0Options {
 
 /// Full-size configs of the released models (pi05 selects pi0.5).
 Pi0Options pi0_options(bool pi05);
+
+/// Gradient checkpointing per layer stack: the first `vision` SigLIP layers and the first `language` joint layers
+/// (both experts' layer l together) are recomputed in backward; the others keep their activations. The first ones,
+/// because backward reaches them last, when the later layers' kept activations are already freed. The last joint
+/// layer is never recomputed (PaliGemmaWithExpertImpl::forward), so `language` = depth − 1 and = depth are the same
+/// run. E.g. {12, 10} of pi0's 27 SigLIP and 18 joint layers.
+struct CheckpointedLayers {
+  int64_t vision = 0;
+  int64_t language = 0;
+  bool operator==(const CheckpointedLayers& o) const { return vision == o.vision && language == o.language; }
+  bool operator!=(const CheckpointedLayers& o) const { return !(*this == o); }
+};
+/// Every layer of both stacks: what gradient checkpointing "on" recomputes.
+inline CheckpointedLayers all_layers(const Pi0Options& o) { return {o.siglip.depth, o.paligemma.depth}; }
 /// Tiny model for tests: "dummy" Gemma experts, "tiny/14" SigLIP, action_dim 8, horizon 4, 6 tokens.
 Pi0Options dummy_options(bool pi05, int64_t vocab_size = 128, int64_t image_size = 28);
 
@@ -44,15 +58,17 @@ class PaliGemmaWithExpertImpl : public torch::nn::Module {
   /// prefix [B,Tp,Wp] and/or suffix [B,Ts,We] embeddings (either may be undefined); mask [B,T,S] bool with
   /// T = Tp+Ts queries and S = (cached keys) + T keys; positions [B,T]; cond [B,We] for adaRMS (pi0.5).
   /// With `cache_out`, per-layer post-RoPE keys/values of this pass are stored; with `cache_in`, they are
-  /// prepended to this pass's keys (suffix-only denoise steps). `checkpoint_layers`: recompute each layer in
-  /// backward.
+  /// prepended to this pass's keys (suffix-only denoise steps). `checkpointed_layers`: the first this many layers
+  /// are recomputed in backward (never the last one, nor with `cache_out`).
   Output forward(const torch::Tensor& prefix, const torch::Tensor& suffix, const torch::Tensor& mask,
                  const torch::Tensor& positions, const torch::Tensor& cond, const KVCache* cache_in,
-                 KVCache* cache_out, bool checkpoint_layers);
+                 KVCache* cache_out, int64_t checkpointed_layers);
 
   GemmaModel language_model{nullptr};
   GemmaModel expert{nullptr};
   Siglip vision{nullptr};
+  /// Called before each joint layer's forward (train.offload's wait for the layer's weights); empty: none.
+  LayerGate layer_gate;
   nn::Dense projector{nullptr};  ///< SigLIP width → prefix width (openpi's SigLIP "head")
 
  private:
@@ -117,12 +133,18 @@ class Pi0Impl : public torch::nn::Module {
   /// sample_actions on CUDA with the KV cache: capture the denoising loop in a CUDA graph per input shape and
   /// replay it (the 10 suffix passes are small and launch-bound). No effect on CPU or without CUDA support.
   void set_cuda_graph(bool on) { cuda_graph_ = on; }
+  /// Called before each SigLIP and joint layer's forward (train.offload: the host updates the weights in the
+  /// forward's order while the next step starts, and each layer waits for its own); empty: none.
+  void set_layer_gate(LayerGate gate);
   bool cuda_graph() const { return cuda_graph_; }
-  /// Recompute each transformer layer (both experts' layer together, and each SigLIP block) in backward; the
-  /// last joint layer is kept (no memory to gain there), and frozen layers that need no gradient are never
-  /// recomputed.
-  void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
-  bool gradient_checkpointing() const { return checkpointing_; }
+  /// Recompute each transformer layer (both experts' layer together, and each SigLIP block) in backward, or none:
+  /// set_checkpointed_layers of all_layers(options()) or {0, 0}.
+  void set_gradient_checkpointing(bool on);
+  /// Recompute the first `vision` SigLIP layers and the first `language` joint layers in backward
+  /// (CheckpointedLayers: the last joint layer is kept, no memory to gain there); frozen layers that need no
+  /// gradient are never recomputed. Each count is 0 to its stack's depth.
+  void set_checkpointed_layers(int64_t vision, int64_t language);
+  CheckpointedLayers checkpointed_layers() const { return checkpointed_; }
 
   struct Embedded {
     torch::Tensor embs;      ///< [B,T,W] compute dtype
@@ -154,7 +176,7 @@ class Pi0Impl : public torch::nn::Module {
   torch::Tensor attention_mask_for(const torch::Tensor& mask, const torch::Tensor& like) const;
 
   torch::ScalarType compute_dtype_ = torch::kFloat32;
-  bool checkpointing_ = false;
+  CheckpointedLayers checkpointed_;  // none by default
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   bool cuda_graph_ = false;
   struct GraphCache;  // captured denoising loops (CUDA builds only)

@@ -91,7 +91,7 @@ SiglipImpl::SiglipImpl(SiglipOptions o) : options(o) {
 }
 
 torch::Tensor SiglipImpl::forward(const torch::Tensor& images, torch::ScalarType compute_dtype,
-                                  bool checkpoint_layers) {
+                                  int64_t checkpointed_layers) {
   PI0_CHECK(images.dim() == 4 && images.size(1) == 3, "SigLIP expects [B,3,S,S] images, got ", images.sizes());
   PI0_CHECK(images.size(2) == options.image_size && images.size(3) == options.image_size,
             "SigLIP was built for ", options.image_size, "x", options.image_size, " images, got ", images.sizes());
@@ -100,8 +100,10 @@ torch::Tensor SiglipImpl::forward(const torch::Tensor& images, torch::ScalarType
   auto x = patch_embedding->forward(images.to(patch_embedding->weight.scalar_type()));
   x = x.to(acc).flatten(2).transpose(1, 2);  // [B,P,W]
   x = (x + position_embedding->weight.to(acc).unsqueeze(0)).to(compute_dtype);
-  for (auto& layer : layers) {
-    if (checkpoint_layers) {
+  for (int64_t l = 0; l < static_cast<int64_t>(layers.size()); ++l) {
+    auto& layer = layers[static_cast<size_t>(l)];
+    if (layer_gate) layer_gate(LayerStack::kVision, l);
+    if (l < checkpointed_layers) {
       x = nn::checkpoint([layer](const nn::TensorList& in) mutable { return nn::TensorList{layer->forward(in[0])}; },
                          {x}, *layer)[0];
     } else {

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "pi0/config/model_dims.h"
+#include "pi0/model/layer_gate.h"
 #include "pi0/nn/dense.h"
 #include "pi0/nn/embedding.h"
 
@@ -56,11 +57,13 @@ TORCH_MODULE(SiglipEncoderLayer);
 class SiglipImpl : public torch::nn::Module {
  public:
   explicit SiglipImpl(SiglipOptions o);
-  /// images [B,3,S,S] float in [-1,1] → tokens [B,P,W] in `compute_dtype`. With `checkpoint_layers`, each
-  /// block's activations are recomputed in backward.
-  torch::Tensor forward(const torch::Tensor& images, torch::ScalarType compute_dtype, bool checkpoint_layers);
+  /// images [B,3,S,S] float in [-1,1] → tokens [B,P,W] in `compute_dtype`. The first `checkpointed_layers`
+  /// blocks' activations are recomputed in backward.
+  torch::Tensor forward(const torch::Tensor& images, torch::ScalarType compute_dtype, int64_t checkpointed_layers);
 
   SiglipOptions options;
+  /// Called before each encoder layer's forward (train.offload's wait for the layer's weights); empty: none.
+  LayerGate layer_gate;
   nn::PatchConv patch_embedding{nullptr};
   nn::Embedding position_embedding{nullptr};
   std::vector<SiglipEncoderLayer> layers;

@@ -1,5 +1,6 @@
 #include "pi0/train/ema.h"
 
+#include <numeric>
 #include <sstream>
 
 #include "pi0/common/check.h"
@@ -14,12 +15,19 @@ Ema::Ema(NamedTensors params, double decay) : params_(std::move(params)), decay_
 }
 
 void Ema::update() {
+  std::vector<size_t> all(params_.size());
+  std::iota(all.begin(), all.end(), size_t{0});
+  update(all);
+}
+
+void Ema::update(const std::vector<size_t>& indices) {
   torch::NoGradGuard no_grad;
+  for (const size_t i : indices) PI0_CHECK(i < params_.size(), "Ema::update: index ", i, " of ", params_.size());
 #if PI0_HAVE_FOREACH
   // Multi-tensor form of the loop below (same operations, bit-identical on CPU) for float32 parameters.
   std::vector<torch::Tensor> avgs, ps;
   bool all_f32 = true;
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (const size_t i : indices) {
     all_f32 = all_f32 && params_[i].second.scalar_type() == torch::kFloat32;
     avgs.push_back(averages_[i]);
     ps.push_back(params_[i].second.detach());
@@ -32,7 +40,7 @@ void Ema::update() {
     return;
   }
 #endif
-  for (size_t i = 0; i < params_.size(); ++i) {
+  for (const size_t i : indices) {
     auto p = params_[i].second.detach().to(torch::kFloat32);
     averages_[i].mul_(decay_).add_(p, 1.0 - decay_);
   }

@@ -9,6 +9,7 @@
 #pragma once
 #include <map>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -23,6 +24,9 @@ class Ema {
 
   /// ema ← d·ema + (1 − d)·param for every tracked parameter (call after optimizer.step()).
   void update();
+  /// The same for the parameters at `indices` (into the params handed in): an update in pieces (train.offload's, in
+  /// the forward's order) that equals update() bit for bit when the pieces cover every parameter once.
+  void update(const std::vector<size_t>& indices);
 
   double decay() const { return decay_; }
   /// name → float32 average (shallow; clone before mutating). Keys equal the parameter names.

@@ -8,6 +8,7 @@
 #include "pi0/common/check.h"
 #include "pi0/common/strings.h"
 #include "pi0/distributed/shard_layout.h"
+#include "pi0/model/flops.h"
 #include "pi0/model/model_config.h"
 
 namespace pi0::train {
@@ -62,10 +63,13 @@ namespace {
 // Every camera slot goes through SigLIP, present or not (a missing camera is a masked black image).
 const int64_t kPlannedCameras = static_cast<int64_t>(model::kCameraNames.size());
 
-// The activations of one micro-batch of `micro_batch` samples under cfg's precision and checkpointing.
-model::ActivationMemory planned_activations(const config::Config& cfg, int64_t micro_batch) {
+// The activations of one micro-batch of `micro_batch` samples under cfg's precision, with the layers of
+// `checkpointed` recomputed in backward (by default train.gradient_checkpointing as written).
+model::ActivationMemory planned_activations(const config::Config& cfg, int64_t micro_batch,
+                                            std::optional<model::CheckpointedLayers> checkpointed = std::nullopt) {
   return model::activation_memory(model::options_from_config(cfg.model), micro_batch, kPlannedCameras,
-                                  cfg.train.precision == "float32" ? 4 : 2, cfg.train.gradient_checkpointing);
+                                  cfg.train.precision == "float32" ? 4 : 2,
+                                  checkpointed ? *checkpointed : planned_checkpointing(cfg));
 }
 
 // The layer a parameter belongs to ("...layers.12"), or its module path outside the layer stacks.
@@ -91,13 +95,29 @@ int64_t gradients_in_flight_to_host(const PlacementTable& table) {
 }
 }  // namespace
 
-MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size) {
+model::CheckpointedLayers planned_checkpointing(const config::Config& cfg) {
+  return cfg.train.gradient_checkpointing == "true" ? model::all_layers(model::options_from_config(cfg.model))
+                                                    : model::CheckpointedLayers{};
+}
+
+std::string describe_checkpointing(const config::Config& cfg, const model::CheckpointedLayers& layers) {
+  const auto all = model::all_layers(model::options_from_config(cfg.model));
+  if (layers == all) return "on";
+  if (layers == model::CheckpointedLayers{}) return "off";
+  return printf_string("%lld of %lld vision, %lld of %lld language layers", static_cast<long long>(layers.vision),
+                       static_cast<long long>(all.vision), static_cast<long long>(layers.language),
+                       static_cast<long long>(all.language));
+}
+
+MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size,
+                       std::optional<model::CheckpointedLayers> checkpointed) {
   MemoryPlan plan;
   const auto table = make_placement(cfg);
   plan.params = breakdown(table);
   plan.micro_batch = config::micro_batch_size(cfg.train, world_size);
   plan.num_cameras = kPlannedCameras;
-  plan.activations = planned_activations(cfg, plan.micro_batch);
+  plan.checkpointed = checkpointed ? *checkpointed : planned_checkpointing(cfg);
+  plan.activations = planned_activations(cfg, plan.micro_batch, plan.checkpointed);
   // The floor was measured with batches of one sample; larger batches add their queued and in-flight images
   // (without workers the loader builds one batch at a time on the trainer's thread).
   const int64_t local_batch = plan.micro_batch;  // what the loader builds per next()
@@ -232,6 +252,70 @@ bool choose_offload(const config::Config& cfg, int64_t world_size, int64_t devic
   return true;
 }
 
+model::CheckpointedLayers choose_checkpointed_layers(const config::Config& cfg, int64_t world_size, bool offload,
+                                                     int64_t device_bytes, std::string* why) {
+  const auto& mode = cfg.train.gradient_checkpointing;
+  if (mode != "auto") {
+    if (why) *why = "train.gradient_checkpointing=" + mode;
+    return planned_checkpointing(cfg);
+  }
+  if (device_bytes <= 0) {
+    if (why) *why = "train.gradient_checkpointing=auto: off (training on the CPU: no device memory to fit)";
+    return {};
+  }
+  const auto o = model::options_from_config(cfg.model);
+  const auto all = model::all_layers(o);
+  const int64_t micro_batch = config::micro_batch_size(cfg.train, world_size);
+  const RankMemory rank = plan_rank_memory(cfg, world_size, offload);
+  const int64_t budget = device_bytes - kCardReserveBytes;
+  auto peak = [&](const model::CheckpointedLayers& c) {
+    return rank.peak_bytes(planned_activations(cfg, micro_batch, c));
+  };
+  // Recomputing a layer costs its forward pass once more. At pi0's sizes a SigLIP layer frees about a quarter of a
+  // joint layer's bytes for about an eighth of its FLOPs (its attention probabilities are large for its width), so
+  // SigLIP layers usually go first; but the peak is the largest of several moments, not a sum over layers
+  // (model/activation_memory.h), so no fixed order is exact. Every split is planned instead (at most 28 × 18,
+  // arithmetic only) and the one that fits with the fewest recomputed FLOPs wins, then the one with fewer layers.
+  const auto flops = model::forward_flops(o, micro_batch, kPlannedCameras);
+  const double vision_layer = static_cast<double>(flops.vision) / static_cast<double>(std::max<int64_t>(all.vision, 1));
+  const double joint_layer = static_cast<double>(flops.prefix_linear + flops.suffix_linear + flops.attention) /
+                             static_cast<double>(std::max<int64_t>(all.language, 1));
+  std::optional<model::CheckpointedLayers> best;
+  double best_cost = 0;
+  for (int64_t v = 0; v <= all.vision; ++v) {
+    for (int64_t l = 0; l <= all.language; ++l) {
+      if (l == all.language - 1 && l > 0) continue;  // the same run as all.language (the last layer is kept)
+      const model::CheckpointedLayers c{v, l};
+      // The last joint layer is never recomputed: all.language costs all.language − 1 layers.
+      const double cost = static_cast<double>(v) * vision_layer +
+                          static_cast<double>(std::min(l, all.language - 1)) * joint_layer;
+      if (best && (cost > best_cost || (cost == best_cost && v + l >= best->vision + best->language))) continue;
+      if (peak(c) > budget) continue;
+      best = c, best_cost = cost;
+    }
+  }
+  const int64_t without = peak({});
+  if (best && *best == model::CheckpointedLayers{}) {
+    if (why)
+      *why = printf_string("train.gradient_checkpointing=auto: off (the plan's peak %.2f GiB fits the GPU's %.2f GiB "
+                           "less %.0f GiB)", gib(without), gib(device_bytes), gib(kCardReserveBytes));
+    return {};
+  }
+  if (!best) {
+    if (why)
+      *why = printf_string("train.gradient_checkpointing=auto: on (every layer; even so the plan's peak %.2f GiB "
+                           "does not fit the GPU's %.2f GiB less %.0f GiB)", gib(peak(all)), gib(device_bytes),
+                           gib(kCardReserveBytes));
+    return all;
+  }
+  if (why)
+    *why = printf_string("train.gradient_checkpointing=auto: %s (the plan's peak %.2f GiB without checkpointing does "
+                         "not fit the GPU's %.2f GiB less %.0f GiB; %.2f GiB with these layers recomputed, the split "
+                         "that fits with the fewest recomputed FLOPs)", describe_checkpointing(cfg, *best).c_str(),
+                         gib(without), gib(device_bytes), gib(kCardReserveBytes), gib(peak(*best)));
+  return *best;
+}
+
 nlohmann::json rank_memory_json(const RankMemory& m) {
   return {{"world_size", m.world_size},
           {"shard", m.shard},
@@ -358,11 +442,15 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
   const auto& plan = r.plan;
   std::string out = format_breakdown(plan.params);
   if (world_size > 1) out += format_rank_memory(r.rank);
+  // auto is decided by the trainer from the GPU's memory; the report plans it as off (planned_checkpointing).
+  const std::string checkpointing =
+      describe_checkpointing(cfg, plan.checkpointed) +
+      (cfg.train.gradient_checkpointing == "auto" ? " (auto: pi0-train recomputes only the layers the GPU needs)" : "");
   out += printf_string("activations (micro-batch %lld, %lld cameras, %s, gradient checkpointing %s): %.2f GiB kept "
                        "for backward + %.2f GiB transient\n",
                        static_cast<long long>(plan.micro_batch), static_cast<long long>(plan.num_cameras),
-                       cfg.train.precision.c_str(), cfg.train.gradient_checkpointing ? "on" : "off",
-                       gib(plan.activations.saved), gib(plan.activations.transient));
+                       cfg.train.precision.c_str(), checkpointing.c_str(), gib(plan.activations.saved),
+                       gib(plan.activations.transient));
   if (cfg.train.device.rfind("cuda", 0) == 0) {
     // Tensors live on the GPU there; the host-side runtime and glibc slack terms were calibrated on CPU runs.
     out += printf_string("predicted training peak%s: %.2f GiB of tensors on the GPU (+ the CUDA context and the "

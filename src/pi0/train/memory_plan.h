@@ -22,6 +22,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,7 @@ struct MemoryPlan {
 
   ParamBreakdown params;
   model::ActivationMemory activations;
+  model::CheckpointedLayers checkpointed;  ///< the layers recomputed in backward that `activations` assumes
   int64_t micro_batch = 0;
   int64_t num_cameras = 0;
   /// kRuntimeFloorBytes plus the data loader's batches beyond the one-sample batches of the floor: (data.prefetch
@@ -78,7 +80,17 @@ struct MemoryPlan {
   int64_t resident_peak_bytes() const { return peak_bytes() + runtime_bytes + allocator_slack_bytes; }
 };
 /// Planned for `world_size` ranks; UserError when the global batch does not split evenly (as training would).
-MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size = 1);
+/// `checkpointed`: the layers gradient checkpointing recomputes; by default planned_checkpointing(cfg).
+MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size = 1,
+                       std::optional<model::CheckpointedLayers> checkpointed = std::nullopt);
+
+/// train.gradient_checkpointing as written: every layer (true) or none (false). auto counts as none, as
+/// train.offload=auto does: there is no GPU to plan against here; the trainer decides it at start-up
+/// (choose_checkpointed_layers).
+model::CheckpointedLayers planned_checkpointing(const config::Config& cfg);
+
+/// For the log and the report: "on" (every layer), "off", or "12 of 27 vision, 10 of 18 language layers".
+std::string describe_checkpointing(const config::Config& cfg, const model::CheckpointedLayers& layers);
 
 
 /// Memory of one data-parallel rank, in bytes: the rank with the largest share (the one a GPU must fit).
@@ -133,6 +145,15 @@ std::string offload_refusal(const config::Config& cfg, int64_t world_size, bool 
 /// (at the configured micro-batch) does not fit `device_bytes` (the GPU's memory) less kCardReserveBytes, and never
 /// on the CPU (device_bytes 0: nothing to gain) or where offload_refusal() refuses it. `why` gets one line for the log.
 bool choose_offload(const config::Config& cfg, int64_t world_size, int64_t device_bytes, std::string* why);
+
+/// train.gradient_checkpointing resolved, with train.offload resolved to `offload`: false and true as written (none,
+/// every layer); auto recomputes the fewest forward FLOPs among the splits (the first n SigLIP layers, the first m
+/// joint layers) whose plan at the configured micro-batch fits `device_bytes` (the GPU's memory) less
+/// kCardReserveBytes, choose_offload's rule; every layer when none fits (training then reports the shortfall as
+/// without auto), and none on the CPU (device_bytes 0: no device memory to fit). A joint count is never the depth
+/// less one (the same run as the depth: CheckpointedLayers). `why` gets one line for the log.
+model::CheckpointedLayers choose_checkpointed_layers(const config::Config& cfg, int64_t world_size, bool offload,
+                                                     int64_t device_bytes, std::string* why);
 
 /// {"world_size", "shard", "rank", "share_elements", "weight_bytes", …, "persistent_bytes"}.
 nlohmann::json rank_memory_json(const RankMemory& m);

@@ -7,8 +7,10 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <regex>
 #include <thread>
 
 #include "pi0/common/check.h"
@@ -131,10 +133,52 @@ struct OptimizerOffload::Impl {
   std::unique_ptr<distributed::GradAccumulationHooks> hooks;
   std::unique_ptr<HostThread> host;
   double grad_seconds = 0;
+  // The update in the forward's order (update_in_forward_order): groups of parameter indices, the group of each
+  // layer, and how many groups have landed (all of them when no update is pending; groups land in order).
+  std::vector<std::vector<size_t>> groups;
+  std::map<std::pair<model::LayerStack, int64_t>, size_t> group_of_layer;
+  std::mutex landed_mutex;
+  std::condition_variable landed_cv;
+  size_t landed = 0;
+  bool update_failed = false;
 #ifdef PI0_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> copy_stream;
   std::optional<at::cuda::CUDAEvent> uploaded;
+  std::vector<std::unique_ptr<at::cuda::CUDAEvent>> group_uploaded;  // recorded on copy_stream, one per group
 #endif
+
+  // The device copies of one group take their masters' values (on the host thread during an update).
+  void upload_group(size_t g) {
+    torch::NoGradGuard no_grad;
+#ifdef PI0_WITH_CUDA
+    if (device.is_cuda()) {
+      c10::cuda::CUDAStreamGuard guard(*copy_stream);
+      for (const size_t i : groups[g]) {
+        // Converted on the host into pinned memory (the caching host allocator reuses it once the copy is done),
+        // then copied asynchronously: half the bytes of a float32 transfer for bf16 copies.
+        auto& dev = params[i];
+        auto staging = torch::empty(dev.sizes(), dev.options().device(torch::kCPU).pinned_memory(true));
+        staging.copy_(masters[i].detach());
+        dev.detach().copy_(staging, /*non_blocking=*/true);
+      }
+      group_uploaded[g]->record(*copy_stream);
+      return;
+    }
+#endif
+    for (const size_t i : groups[g]) params[i].detach().copy_(masters[i].detach());
+  }
+
+  void wait_landed(size_t g) {
+    std::unique_lock<std::mutex> lock(landed_mutex);
+    landed_cv.wait(lock, [&] { return landed > g; });
+    if (update_failed) {
+      lock.unlock();
+      host->drain();  // rethrows the update's failure
+    }
+#ifdef PI0_WITH_CUDA
+    if (device.is_cuda()) group_uploaded[g]->block(c10::cuda::getCurrentCUDAStream(device.index()));
+#endif
+  }
 
   // On the host thread: one gradient into its accumulation (in the dtype and order the plain path's .grad sums).
   void accumulate(size_t i, const torch::Tensor& g) {
@@ -226,6 +270,32 @@ OptimizerOffload::OptimizerOffload(model::Pi0Impl& model, const PlacementTable& 
   s.got.assign(s.params.size(), 0);
   s.fresh.assign(s.params.size(), 0);
   s.host = std::make_unique<HostThread>();
+
+  // Update groups in the forward's order: what lies outside the transformer layers (embeddings, projections, the
+  // final norms: the forward reads most of it first), then each SigLIP layer, then each joint layer (both experts).
+  const std::regex vision_layer(R"((^|\.)encoder\.layers\.(\d+)\.)"), joint_layer(R"((^|\.)layers\.(\d+)\.)");
+  std::map<std::pair<model::LayerStack, int64_t>, std::vector<size_t>> layered;
+  std::vector<size_t> outside;
+  for (size_t i = 0; i < masters_.size(); ++i) {
+    std::smatch m;
+    const auto& name = masters_[i].first;
+    if (std::regex_search(name, m, vision_layer))
+      layered[{model::LayerStack::kVision, std::stoll(m[2].str())}].push_back(i);
+    else if (std::regex_search(name, m, joint_layer))
+      layered[{model::LayerStack::kJoint, std::stoll(m[2].str())}].push_back(i);
+    else
+      outside.push_back(i);
+  }
+  s.groups.push_back(std::move(outside));  // may be empty: before_forward waits for it all the same
+  for (auto& [layer, indices] : layered) {  // kVision sorts before kJoint, layers in ascending order
+    s.group_of_layer[layer] = s.groups.size();
+    s.groups.push_back(std::move(indices));
+  }
+  s.landed = s.groups.size();
+#ifdef PI0_WITH_CUDA
+  if (s.device.is_cuda())
+    for (size_t g = 0; g < s.groups.size(); ++g) s.group_uploaded.push_back(std::make_unique<at::cuda::CUDAEvent>());
+#endif
 }
 
 OptimizerOffload::~OptimizerOffload() {
@@ -250,6 +320,7 @@ void OptimizerOffload::before_forward(int64_t micro, int64_t n) {
 #ifdef PI0_WITH_CUDA
   if (s.device.is_cuda()) s.uploaded->block(c10::cuda::getCurrentCUDAStream(s.device.index()));
 #endif
+  s.wait_landed(0);  // the weights outside the layers; each layer's own wait in the model's layer gate
 }
 
 void OptimizerOffload::after_backward(int64_t micro, int64_t n) {
@@ -312,6 +383,64 @@ void OptimizerOffload::upload() {
   }
 #endif
   for (size_t i = 0; i < s.params.size(); ++i) s.params[i].detach().copy_(s.masters[i].detach());
+}
+
+void OptimizerOffload::update_in_forward_order(std::function<void(const std::vector<size_t>&)> update) {
+  auto& s = *impl_;
+  s.host->drain();  // idle already (after_backward drains it); rethrows what an earlier task left
+#ifdef PI0_WITH_CUDA
+  if (s.device.is_cuda()) {
+    // Nothing queued on the compute stream so far may still read a copy while it is overwritten.
+    at::cuda::CUDAEvent idle;
+    idle.record(c10::cuda::getCurrentCUDAStream(s.device.index()));
+    idle.block(*s.copy_stream);
+  }
+#endif
+  {
+    std::lock_guard<std::mutex> lock(s.landed_mutex);
+    s.landed = 0;
+    s.update_failed = false;
+  }
+  // Queued before any of the next step's gradients (the thread runs its work in order), so the accumulation
+  // buffers the update reads as gradients are not overwritten under it.
+  s.host->submit([&s, update = std::move(update)] {
+    try {
+      for (size_t g = 0; g < s.groups.size(); ++g) {
+        if (!s.groups[g].empty()) {
+          update(s.groups[g]);
+          s.upload_group(g);
+        }
+        {
+          std::lock_guard<std::mutex> lock(s.landed_mutex);
+          ++s.landed;
+        }
+        s.landed_cv.notify_all();
+      }
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(s.landed_mutex);
+        s.landed = s.groups.size();
+        s.update_failed = true;
+      }
+      s.landed_cv.notify_all();
+      throw;  // kept by the host thread; drain() rethrows it
+    }
+  });
+}
+
+void OptimizerOffload::finish_update() const { impl_->host->drain(); }
+
+void OptimizerOffload::wait_for_layer(model::LayerStack stack, int64_t layer) {
+  auto& s = *impl_;
+  const auto it = s.group_of_layer.find({stack, layer});
+  if (it != s.group_of_layer.end()) s.wait_landed(it->second);
+}
+
+std::vector<std::vector<size_t>> OptimizerOffload::update_groups() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& g : impl_->groups)
+    if (!g.empty()) out.push_back(g);
+  return out;
 }
 
 OptimizerOffload::MasterWeightsScope::MasterWeightsScope(OptimizerOffload* offload) : offload_(offload) {

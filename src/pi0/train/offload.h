@@ -6,19 +6,23 @@
 // the device as soon as backward has accumulated it (the AccumulateGrad post hook of grad_hooks.h; on CUDA a copy on
 // a side stream into pinned memory) and a host thread adds it into the master's accumulation, so no whole gradient
 // buffer stays on the device. After the last micro-batch the masters' .grad are those accumulations and the trainer
-// runs the usual code over the masters: gradient sync, norm, clipping, AdamW, EMA. upload() then refreshes the copies.
+// runs the usual code over the masters: gradient sync, norm, clipping; then AdamW and the EMA run on the host thread
+// layer group by layer group in the forward's order, each group's copies refreshed as it is done, while the next step
+// starts: its forward waits at each layer (the model's layer gate) only until that layer's weights have landed.
 //
 // Bit for bit: a copy's gradient is what the plain path's cast back-propagates to its float32 master, accumulated in
 // the same order and dtype, and the update is the same AdamW over the same values; on the CPU build an offloaded
 // run gives the plain run's losses, norms, weights, moments and EMA exactly (tests/unit/train/test_offload.cpp).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "pi0/model/layer_gate.h"
 #include "pi0/train/optimizer.h"
 #include "pi0/train/placement.h"
 
@@ -60,8 +64,24 @@ class OptimizerOffload {
   /// with norms_as_they_arrive.
   torch::Tensor gradient_sum_of_squares() const;
   bool norms_as_they_arrive() const;
-  /// After the host update (AdamW, EMA): the device copies take the masters' new values.
+  /// After the host update (AdamW, EMA): the device copies take the masters' new values, all at once.
   void upload();
+
+  /// The host update overlapped with the next step, the way the trainer runs it: on the host thread, group by group
+  /// in the forward's order (everything outside the transformer layers, then SigLIP's layers, then the joint
+  /// layers), `update(indices)` runs AdamW and the EMA over those masters (indices into masters()) and the group's
+  /// device copies are refreshed. Returns at once. The next forward waits only for what it reads: before_forward for
+  /// the first group, wait_for_layer (the model's layer gate) for each layer's. The result is upload()'s after the
+  /// whole update, bit for bit: each group's update is elementwise and lands before anything reads it.
+  void update_in_forward_order(std::function<void(const std::vector<size_t>&)> update);
+  /// Blocks until a pending update_in_forward_order has finished and rethrows its failure: before anything reads the
+  /// masters, the AdamW moments or the EMA (checkpoints, exports, tests).
+  void finish_update() const;
+  /// The model's layer gate (model/layer_gate.h): returns once the layer's parameters of a pending update have
+  /// landed (on CUDA: the compute stream waits for their copies).
+  void wait_for_layer(model::LayerStack stack, int64_t layer);
+  /// Index lists of masters() in update order (the groups above; empty groups left out), for tests.
+  std::vector<std::vector<size_t>> update_groups() const;
 
   /// While alive, the model's host-resident parameters are the masters (checkpoints save and load exactly what the
   /// plain path holds); on destruction the device copies are back, refreshed from the masters.
@@ -82,7 +102,8 @@ class OptimizerOffload {
   int64_t master_bytes() const;
   int64_t accumulation_bytes() const;
   int64_t device_copy_bytes() const;
-  /// CPU seconds of the host thread's gradient work in the last step (accumulation, norms).
+  /// CPU seconds of the host thread in the last step up to its last backward: the gradients' accumulation and norms,
+  /// and the previous step's update it ran meanwhile (its own thread's time, not ATen's threads the update uses).
   double host_grad_seconds() const;
 
   struct Impl;

@@ -1,11 +1,21 @@
 #include "pi0/train/optimizer.h"
 
 #include <cmath>
+#include <numeric>
 #include <set>
 #include <sstream>
 
 #include "pi0/common/check.h"
 #include "pi0/common/shape_str.h"
+
+#include <ATen/Parallel.h>
+
+// LibTorch >= 2.4 runs AdamW on the CPU in one fused pass (at::_fused_adamw_).
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+#define PI0_HAVE_FUSED_ADAMW_CPU 1
+#else
+#define PI0_HAVE_FUSED_ADAMW_CPU 0
+#endif
 
 namespace pi0::train {
 
@@ -54,26 +64,40 @@ void AdamW::step(double lr) {
 }
 
 void AdamW::step(double lr, const std::vector<torch::Tensor>& grads_in) {
+  begin_step();
+  std::vector<size_t> all(params_.size());
+  std::iota(all.begin(), all.end(), size_t{0});
+  step_part(lr, grads_in, all);
+}
+
+void AdamW::begin_step() { ++step_; }
+
+void AdamW::step_part(double lr, const std::vector<torch::Tensor>& grads_in, const std::vector<size_t>& indices) {
   PI0_CHECK(grads_in.size() == params_.size(), "AdamW::step: ", grads_in.size(), " gradients for ", params_.size(),
             " parameters");
+  PI0_CHECK(step_ > 0, "AdamW::step_part before begin_step");
   torch::NoGradGuard no_grad;
-  ++step_;
   const double b1 = options_.beta1, b2 = options_.beta2;
   const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(step_));
   const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step_)));
   const double step_size = lr / bias_correction1;
+  // Host float32 parameters take the one-pass update; the rest (device parameters, pure-bf16 ones) the op sequence.
+  std::vector<torch::Tensor> host_p, host_g, host_m, host_v, ps, gs, avgs, sqs;
+  for (const size_t i : indices) {
+    PI0_CHECK(i < params_.size(), "AdamW::step_part: index ", i, " of ", params_.size(), " parameters");
+    const auto& p = params_[i].second;
+    auto grad = grads_in[i];
+    if (!grad.defined()) continue;
+    if (grad.scalar_type() != p.scalar_type()) grad = grad.to(p.scalar_type());
+    const bool host = options_.fused_host && host_adamw_takes(p, grad);
+    (host ? host_p : ps).push_back(p), (host ? host_g : gs).push_back(grad);
+    (host ? host_m : avgs).push_back(exp_avg_[i]), (host ? host_v : sqs).push_back(exp_avg_sq_[i]);
+  }
+  if (!host_p.empty()) host_adamw_step(host_p, host_g, host_m, host_v, lr, step_, options_);
 #if PI0_HAVE_FOREACH
   if (options_.foreach) {
     // Multi-tensor form of the loop below: the same elementwise operations in the same order (bit-identical on
     // CPU), a few fused launches per group on CUDA instead of ~8 kernels per parameter.
-    std::vector<torch::Tensor> ps, gs, avgs, sqs;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const auto& p = params_[i].second;
-      auto grad = grads_in[i];
-      if (!grad.defined()) continue;
-      if (grad.scalar_type() != p.scalar_type()) grad = grad.to(p.scalar_type());
-      ps.push_back(p), gs.push_back(grad), avgs.push_back(exp_avg_[i]), sqs.push_back(exp_avg_sq_[i]);
-    }
     for_each_group({&ps, &gs, &avgs, &sqs}, [&](const std::vector<std::vector<torch::Tensor>>& l) {
       const auto &p = l[0], &g = l[1], &m = l[2], &v = l[3];
       at::_foreach_mul_(p, 1.0 - lr * options_.weight_decay);
@@ -88,18 +112,72 @@ void AdamW::step(double lr, const std::vector<torch::Tensor>& grads_in) {
     return;
   }
 #endif
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto& p = params_[i].second;
-    auto grad = grads_in[i];
-    if (!grad.defined()) continue;
-    if (grad.scalar_type() != p.scalar_type()) grad = grad.to(p.scalar_type());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    auto& p = ps[i];
+    const auto& grad = gs[i];
     // Same operation order as torch.optim.AdamW's single-tensor implementation.
     p.mul_(1.0 - lr * options_.weight_decay);
-    exp_avg_[i].lerp_(grad, 1.0 - b1);
-    exp_avg_sq_[i].mul_(b2).addcmul_(grad, grad, 1.0 - b2);
-    auto denom = (exp_avg_sq_[i].sqrt() / bias_correction2_sqrt).add_(options_.eps);
-    p.addcdiv_(exp_avg_[i], denom, -step_size);
+    avgs[i].lerp_(grad, 1.0 - b1);
+    sqs[i].mul_(b2).addcmul_(grad, grad, 1.0 - b2);
+    auto denom = (sqs[i].sqrt() / bias_correction2_sqrt).add_(options_.eps);
+    p.addcdiv_(avgs[i], denom, -step_size);
   }
+}
+
+bool host_adamw_takes(const torch::Tensor& param, const torch::Tensor& grad) {
+  auto ok = [](const torch::Tensor& t) {
+    return t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
+  };
+  return ok(param) && ok(grad) && grad.numel() == param.numel();
+}
+
+void host_adamw_step(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                     const std::vector<torch::Tensor>& exp_avgs, const std::vector<torch::Tensor>& exp_avg_sqs,
+                     double lr, int64_t step, const AdamWOptions& o) {
+  PI0_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
+                exp_avg_sqs.size() == params.size(),
+            "host_adamw_step: the four lists differ in length");
+  for (size_t i = 0; i < params.size(); ++i)
+    PI0_CHECK(host_adamw_takes(params[i], grads[i]) && host_adamw_takes(exp_avgs[i], params[i]) &&
+                  host_adamw_takes(exp_avg_sqs[i], params[i]),
+              "host_adamw_step: tensor ", i, " is not contiguous float32 in host memory");
+  torch::NoGradGuard no_grad;
+#if PI0_HAVE_FUSED_ADAMW_CPU
+  // LibTorch's own one-pass kernel (vectorized per CPU capability). It reads the step from a float tensor, as
+  // torch.optim does; max_exp_avg_sqs is only read with amsgrad, so the second moments stand in for it.
+  const auto step_tensor = torch::full({}, static_cast<double>(step), torch::kFloat32);
+  const std::vector<torch::Tensor> steps(params.size(), step_tensor);
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, exp_avg_sqs, steps, lr, o.beta1, o.beta2, o.weight_decay,
+                    o.eps, /*amsgrad=*/false, /*maximize=*/false);
+#else
+  // Scalars rounded to float once, as ATen's float kernels round theirs. Even unvectorized (the square root keeps
+  // errno semantics) the loop runs near the memory's pace: ~10 cycles per element against 28 bytes of traffic.
+  const double bias_correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
+  const double bias_correction2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(step)));
+  const float decay = static_cast<float>(1.0 - lr * o.weight_decay);
+  const float w1 = static_cast<float>(1.0 - o.beta1), b2 = static_cast<float>(o.beta2);
+  const float w2 = static_cast<float>(1.0 - o.beta2), eps = static_cast<float>(o.eps);
+  const float bc2 = static_cast<float>(bias_correction2_sqrt);
+  const float neg_step_size = static_cast<float>(-lr / bias_correction1);
+  for (size_t i = 0; i < params.size(); ++i) {
+    float* __restrict__ p = params[i].data_ptr<float>();
+    const float* __restrict__ g = grads[i].data_ptr<float>();
+    float* __restrict__ m = exp_avgs[i].data_ptr<float>();
+    float* __restrict__ v = exp_avg_sqs[i].data_ptr<float>();
+    // 64 Ki elements per task: 1 MiB of traffic, enough to amortize the hand-off, small enough to spread one
+    // Gemma matrix (33.5 M elements) over every thread.
+    at::parallel_for(0, params[i].numel(), int64_t{1} << 16, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const float gk = g[k];
+        const float mk = m[k] + w1 * (gk - m[k]);  // lerp with a weight below 1/2, as ATen computes it
+        const float vk = v[k] * b2 + w2 * gk * gk;
+        m[k] = mk;
+        v[k] = vk;
+        p[k] = p[k] * decay + neg_step_size * mk / (std::sqrt(vk) / bc2 + eps);
+      }
+    });
+  }
+#endif
 }
 
 std::map<std::string, torch::Tensor> AdamW::state_dict() const {

@@ -33,6 +33,10 @@ struct AdamWOptions {
   double eps = 1e-8;            ///< added to sqrt(v̂)
   double weight_decay = 1e-10;  ///< decoupled: p ← p − lr·wd·p before the Adam update (all trainable params)
   bool foreach = true;          ///< multi-tensor (_foreach_*) update where LibTorch has it (>= 2.0)
+  /// float32 parameters in host memory: one pass over each tensor (at::_fused_adamw_ where LibTorch has it on the
+  /// CPU, >= 2.4; host_adamw_step's loop on older ones) instead of the op sequence's eight. The same function for
+  /// every host update, offloaded (train.offload) or not, so the two stay bit-identical.
+  bool fused_host = true;
 };
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -48,6 +52,12 @@ class AdamW {
   /// The same from explicit gradients, aligned with params() (undefined = no gradient this step): for sharded
   /// training, whose parameters are views of owned elements and whose gradients live elsewhere.
   void step(double lr, const std::vector<torch::Tensor>& grads);
+  /// step() in pieces, for an update that overlaps other work (train.offload updates the layers in the forward's
+  /// order while the next step starts): begin_step() counts the step, then step_part() updates the parameters at
+  /// `indices` (into params()) from `grads` (aligned with params()). Pieces covering every parameter once equal one
+  /// step() bit for bit: the update is elementwise.
+  void begin_step();
+  void step_part(double lr, const std::vector<torch::Tensor>& grads, const std::vector<size_t>& indices);
 
   /// Number of step() calls so far (also restored by load_state_dict and restore_step_count).
   int64_t step_count() const { return step_; }
@@ -74,6 +84,17 @@ class AdamW {
   AdamWOptions options_;
   int64_t step_ = 0;
 };
+
+/// AdamW's update of float32 tensors in host memory in one pass over their elements (threaded over elements with
+/// ATen's intra-op threads): with the optimizer on the host (train.offload) the update is memory-bound, and the op
+/// sequence reads and writes each tensor ~8 times. Same formulas, in float32, as torch.optim.AdamW: p·(1 − lr·wd),
+/// m lerped towards g by 1 − β1, v·β2 + (1 − β2)·g², p − lr/(1 − β1ᵗ) · m / (√v / √(1 − β2ᵗ) + ε). `step` is the
+/// 1-based update count. Every tensor must be contiguous float32 in host memory, the four lists aligned.
+void host_adamw_step(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                     const std::vector<torch::Tensor>& exp_avgs, const std::vector<torch::Tensor>& exp_avg_sqs,
+                     double lr, int64_t step, const AdamWOptions& options);
+/// Whether host_adamw_step takes this parameter and gradient (contiguous float32, host memory, same size).
+bool host_adamw_takes(const torch::Tensor& param, const torch::Tensor& grad);
 
 /// Calls fn on consecutive groups of the parallel `lists` (same length; grouped by the first list's device,
 /// dtype and a bound of max_elements elements), for multi-tensor ops whose temporaries must stay bounded.

@@ -95,7 +95,31 @@ void Trainer::plan_model() {
   model::parse_attention_impl(cfg_.model.attention, "model.attention");
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (!offload_) return;
+  // The host update of the last step uses the optimizer and the EMA, destroyed before offload_ is.
+  model_->set_layer_gate({});
+  try {
+    offload_->finish_update();
+  } catch (const std::exception& e) {
+    spdlog::error("train.offload: the last host update failed: {}", e.what());
+  }
+}
+
+model::Pi0& Trainer::model() {
+  if (offload_) offload_->finish_update();
+  return model_;
+}
+
+const NamedTensors& Trainer::trainable_weights() const {
+  if (offload_) offload_->finish_update();
+  return trainable_params_;
+}
+
+const Ema* Trainer::ema() const {
+  if (offload_) offload_->finish_update();
+  return ema_.get();
+}
 
 int64_t Trainer::local_batch() const { return config::micro_batch_size(cfg_.train, options_.world_size); }
 
@@ -159,9 +183,18 @@ void Trainer::build_model() {
     // One process: the norm is summed from per-tensor sums made as the gradients arrive; with several the all-reduce
     // changes the gradients afterwards, so it is summed after it, as without offload.
     offload_ = std::make_unique<OptimizerOffload>(*model_, placement_, device_, /*norms_as_they_arrive=*/!pg_);
+    // The next forward starts while the host still updates: each layer waits for its own weights.
+    model_->set_layer_gate([offload = offload_.get()](model::LayerStack stack, int64_t layer) {
+      offload->wait_for_layer(stack, layer);
+    });
   }
   model_->to(device_);
-  model_->set_gradient_checkpointing(cfg_.train.gradient_checkpointing);
+  // train.gradient_checkpointing=auto plans against the device with the offload decided (it frees device memory).
+  std::string checkpointing_why;
+  const auto checkpointed = choose_checkpointed_layers(cfg_, options_.world_size, placement_.offload,
+                                                       device_memory_bytes(device_), &checkpointing_why);
+  if (rank0 && cfg_.train.gradient_checkpointing == "auto") spdlog::info("{}", checkpointing_why);
+  model_->set_checkpointed_layers(checkpointed.vision, checkpointed.language);
   model_->set_attention_impl(model::parse_attention_impl(cfg_.model.attention, "model.attention"));
   nn::set_cast_cache(*model_, cfg_.train.weight_cast_cache);
   model_->train();
@@ -190,6 +223,9 @@ void Trainer::build_model() {
   // What this rank's AdamW and EMA update: everything, or (sharded) views of the elements it owns.
   optimizer_ = std::make_unique<AdamW>(grad_sync_->updated(), ao);
   if (cfg_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(grad_sync_->updated(), cfg_.train.ema_decay);
+  // The host update addresses AdamW's and the EMA's parameters by the masters' indices.
+  PI0_CHECK(!offload_ || optimizer_->params().size() == offload_->masters().size(),
+            "train.offload: the optimizer's parameters are not the masters");
   if (pg_ && options_.rank == 0) {
     spdlog::info("{}", grad_sync_->describe());
     if (const auto* shards = grad_sync_->shards()) {
@@ -257,6 +293,7 @@ int64_t Trainer::run() {
     }
   }
   if (options_.rank == 0 && step_ == first_step) spdlog::info("nothing to do: already at step {}", step_);
+  if (offload_) offload_->finish_update();  // run() returns with the last step's update done
   return step_;
 }
 
@@ -275,7 +312,10 @@ CheckpointedState Trainer::state() {
   return s;
 }
 
-std::string Trainer::save_checkpoint() { return checkpointer_.save(state()); }
+std::string Trainer::save_checkpoint() {
+  if (offload_) offload_->finish_update();  // the masters, moments and EMA as of the last step
+  return checkpointer_.save(state());
+}
 
 std::vector<model::Batch> Trainer::next_micro_batches() {
   std::vector<model::Batch> micro_batches;
@@ -392,13 +432,25 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
                         "); stopped before the optimizer step. Look for near-constant dimensions in " +
                         "data.norm_stats, lower train.lr_peak, or allow skips with train.max_nonfinite_skips");
   }
+  if (offload_) {
+    // On the host thread, layer group by layer group in the forward's order, while this returns and the next step
+    // starts (its forward waits at each layer for that layer's weights). offload_refusal() leaves no sharding here,
+    // so no after_update broadcast is due. The gradients are held by value: clear() below only drops the masters'
+    // references to them.
+    optimizer_->begin_step();
+    offload_->update_in_forward_order([this, lr, grads](const std::vector<size_t>& indices) {
+      optimizer_->step_part(lr, grads, indices);
+      if (ema_) ema_->update(indices);
+    });
+    grad_sync_->clear();
+    return result;
+  }
   optimizer_->step(lr, grads);
   grads.clear();
   grad_sync_->clear();
   // Every rank's updated elements reach all ranks before the EMA (which reads only owned ones) and the next forward.
   grad_sync_->after_update();
   if (ema_) ema_->update();
-  if (offload_) offload_->upload();
   return result;
 }
 

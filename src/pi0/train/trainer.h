@@ -78,15 +78,16 @@ class Trainer {
                         const std::optional<StepNoise>& noise_time = std::nullopt);
 
   /// The model. With train.offload=optimizer its trainable parameters are the device copies (compute dtype); the
-  /// master weights are trainable_weights().
-  model::Pi0& model() { return model_; }
+  /// master weights are trainable_weights(). This and the next two accessors first wait for train.offload's host
+  /// update of the last step, which runs on while the next step starts.
+  model::Pi0& model();
   /// (name, weight) of every trainable parameter at full precision: the model's own, or with train.offload=optimizer
   /// the host masters.
-  const NamedTensors& trainable_weights() const { return trainable_params_; }
+  const NamedTensors& trainable_weights() const;
+  /// The EMA of the trainable parameters (nullptr when train.ema_decay is 0).
+  const Ema* ema() const;
   /// train.offload=optimizer in effect (after "auto" was decided); null otherwise.
   const OptimizerOffload* offload() const { return offload_.get(); }
-  /// The EMA of the trainable parameters (nullptr when train.ema_decay is 0).
-  const Ema* ema() const { return ema_.get(); }
   int64_t step() const { return step_; }
   const config::Config& config() const { return cfg_; }
   /// Writes a checkpoint of the current state (run() calls it at save_interval and at the end).

@@ -34,7 +34,7 @@ app::OutOfMemoryContext full_finetune() {
   c.predicted_peak_bytes = int64_t(95) << 30;
   c.micro_batch = 32;
   c.grad_accum_steps = 1;
-  c.gradient_checkpointing = false;
+  c.checkpointing = "off";
   c.freeze = "full";
   c.shard = "none";
   return c;
@@ -68,7 +68,7 @@ TEST_CASE("out of memory: the line names the plan's peak, the GPU's total and th
 
   // Levers already pulled are not offered again; the next accumulation step divides the micro-batch.
   auto c = full_finetune();
-  c.gradient_checkpointing = true;
+  c.checkpointing = "on";
   c.micro_batch = 9;
   c.grad_accum_steps = 2;
   c.freeze = "lora";
@@ -84,6 +84,11 @@ TEST_CASE("out of memory: the line names the plan's peak, the GPU's total and th
                          !Contains("dist.shard="));
   c.micro_batch = 1;
   CHECK_THAT(app::out_of_memory_message(kMessage113, c), EndsWith("a GPU with more memory is needed"));
+  // train.gradient_checkpointing=auto recomputing some layers: they are named, and checkpointing all is a lever.
+  c.checkpointing = "12 of 27 vision, 10 of 18 language layers";
+  const auto partial = app::out_of_memory_message(kMessage113, c);
+  CHECK_THAT(partial, Contains("(micro-batch 1, gradient checkpointing 12 of 27 vision, 10 of 18 language layers)"));
+  CHECK_THAT(partial, EndsWith("levers: train.gradient_checkpointing=true"));
 
   // Without a plan (pi0-infer, pi0-serve) the line still gives the figures and a way on; the total can come from
   // the caller when the message has none.

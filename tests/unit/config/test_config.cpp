@@ -62,9 +62,25 @@ TEST_CASE("wrong types name the key, the value and the expected type", "[unit][c
                       Contains("run.yaml: train.batch_size must be an integer (got 'eight')"));
   REQUIRE_THROWS_WITH(parse("train:\n  lr_peak: fast\n"), Contains("train.lr_peak must be a number (got 'fast')"));
   REQUIRE_THROWS_WITH(parse("train:\n  gradient_checkpointing: maybe\n"),
-                      Contains("train.gradient_checkpointing must be true or false (got 'maybe')"));
+                      Contains("train.gradient_checkpointing must be false, true or auto (got 'maybe')"));
   REQUIRE_THROWS_WITH(parse("data:\n  dataset: {paths: x}\n"), Contains("data.dataset.paths must be a list"));
   REQUIRE_THROWS_WITH(parse("train: 3\n"), Contains("train must be a mapping"));
+}
+
+TEST_CASE("train.gradient_checkpointing takes false, true or auto, and every YAML bool spelling", "[unit][config]") {
+  CHECK(parse("").train.gradient_checkpointing == "false");
+  for (const std::string value : {"false", "true", "auto"}) {
+    CHECK(parse("train:\n  gradient_checkpointing: " + value + "\n").train.gradient_checkpointing == value);
+    CHECK(parse("", {"train.gradient_checkpointing=" + value}).train.gradient_checkpointing == value);
+  }
+  // Configs from when it was a bool keep their meaning, and the dump reads back.
+  CHECK(parse("train: {gradient_checkpointing: True}\n").train.gradient_checkpointing == "true");
+  CHECK(parse("train: {gradient_checkpointing: off}\n").train.gradient_checkpointing == "false");
+  const auto c = parse("train: {gradient_checkpointing: auto}\n");
+  CHECK(parse_config(to_yaml(c), "dump").train.gradient_checkpointing == "auto");
+  CHECK_THROWS_WITH(parse("", {"train.gradient_checkpointing=maybe"}),
+                    Contains("train.gradient_checkpointing must be false, true or auto (got 'maybe')") &&
+                        !Contains("\n"));
 }
 
 TEST_CASE("out-of-range values name the key and what was expected", "[unit][config]") {

@@ -63,7 +63,7 @@ std::map<std::string, torch::Tensor> compute_all(model::Pi0Impl& m, const Fixtur
   auto per_image_to_fixture = [&](const torch::Tensor& t) {
     return t.view({n_cam, b, t.size(1), t.size(2)}).permute({1, 0, 2, 3}).reshape({b, n_cam * t.size(1), t.size(2)});
   };
-  auto encoded = pwe.vision->forward(torch::cat(obs.images, 0), m.compute_dtype(), false);
+  auto encoded = pwe.vision->forward(torch::cat(obs.images, 0), m.compute_dtype(), 0);
   out["siglip_encoded"] = per_image_to_fixture(encoded);
   out["img_tokens"] = per_image_to_fixture(pwe.projector->forward(encoded));
 
@@ -72,7 +72,7 @@ std::map<std::string, torch::Tensor> compute_all(model::Pi0Impl& m, const Fixtur
   // Prefix-only pass with the cache, as sample_actions runs it; keys after RoPE.
   model::KVCache cache;
   pwe.forward(prefix.embs, torch::Tensor(), nn::make_attn_mask(prefix.pad_mask, prefix.ar_mask),
-              nn::positions_from_mask(prefix.pad_mask), torch::Tensor(), nullptr, &cache, false);
+              nn::positions_from_mask(prefix.pad_mask), torch::Tensor(), nullptr, &cache, 0);
   out["prefix_kv_k"] = torch::stack(cache.k);  // [depth,B,Tp,K,D]
   out["prefix_kv_v"] = torch::stack(cache.v);
 
@@ -85,7 +85,7 @@ std::map<std::string, torch::Tensor> compute_all(model::Pi0Impl& m, const Fixtur
   auto pad = torch::cat({prefix.pad_mask, suffix.pad_mask}, 1);
   auto ar = torch::cat({prefix.ar_mask, suffix.ar_mask}, 0);
   auto joint = pwe.forward(prefix.embs, suffix.embs, nn::make_attn_mask(pad, ar), nn::positions_from_mask(pad),
-                           suffix.cond, nullptr, nullptr, false);
+                           suffix.cond, nullptr, nullptr, 0);
   out["prefix_out"] = joint.prefix;
   out["suffix_out"] = joint.suffix;
   out["input_mask"] = pad;

@@ -133,7 +133,7 @@ TEST_CASE("model output shapes", "[unit][model]") {
     auto o = dummy_options(pi05);
     Pi0 model(o);
     auto obs = testing::random_observation(o, 3);
-    auto tokens = model->paligemma_with_expert->vision->forward(obs.images[0], torch::kFloat32, false);
+    auto tokens = model->paligemma_with_expert->vision->forward(obs.images[0], torch::kFloat32, 0);
     CHECK(tokens.sizes() == torch::IntArrayRef({3, 4, 32}));  // (28/14)² patches, tiny width 32
     auto prefix = model->embed_prefix(obs);
     CHECK(prefix.embs.sizes() == torch::IntArrayRef({3, 2 * 4 + 6, 64}));
@@ -284,6 +284,54 @@ TEST_CASE("gradient checkpointing recomputes each layer once, except the last jo
   auto& vision = *model->paligemma_with_expert->vision;
   for (auto& p : vision.parameters()) p.requires_grad_(false);
   CHECK(step() == o.paligemma.depth - 1);  // a frozen tower is run once, never recomputed
+}
+
+TEST_CASE("partial gradient checkpointing recomputes the first layers of each stack, same loss and gradients",
+          "[unit][model]") {
+  auto o = dummy_options(true);
+  Pi0 model(o);
+  {
+    torch::NoGradGuard ng;
+    for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.05);
+  }
+  auto obs = testing::random_observation(o, 2);
+  auto actions = torch::randn({2, o.action_horizon, o.action_dim});
+  auto noise = torch::randn_like(actions);
+  auto time = torch::tensor({0.2f, 0.9f});
+  int64_t recomputed = 0;
+  auto run = [&](int64_t vision, int64_t language) {
+    model->set_checkpointed_layers(vision, language);
+    model->zero_grad();
+    const auto before = nn::checkpoint_recomputations();
+    auto loss = model->compute_loss(obs, actions, noise, time).mean();
+    loss.backward();
+    recomputed = nn::checkpoint_recomputations() - before;
+    std::vector<torch::Tensor> g;
+    for (auto& p : model->parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    return std::make_pair(loss.item<double>(), g);
+  };
+  const auto plain = run(0, 0);
+  CHECK(recomputed == 0);
+  const int64_t depth = o.paligemma.depth;
+  struct Case {
+    int64_t vision, language, recomputed;
+  };
+  // The last joint layer is never recomputed: depth joint layers recompute depth − 1.
+  for (const Case c : {Case{1, 2, 3}, Case{2, 1, 3}, Case{0, depth, depth - 1}, Case{1, 0, 1}}) {
+    CAPTURE(c.vision, c.language);
+    const auto partial = run(c.vision, c.language);
+    CHECK(model->checkpointed_layers() == CheckpointedLayers{c.vision, c.language});
+    CHECK(recomputed == c.recomputed);
+    CHECK(partial.first == Approx(plain.first).epsilon(1e-6));
+    for (size_t i = 0; i < plain.second.size(); ++i)
+      CHECK(testing::max_rel_error(partial.second[i], plain.second[i]) < 1e-4);
+  }
+  model->set_gradient_checkpointing(true);
+  CHECK(model->checkpointed_layers() == all_layers(o));
+  model->set_gradient_checkpointing(false);
+  CHECK(model->checkpointed_layers() == CheckpointedLayers{});
+  CHECK_THROWS(model->set_checkpointed_layers(o.siglip.depth + 1, 0));
+  CHECK_THROWS(model->set_checkpointed_layers(0, -1));
 }
 
 TEST_CASE("gradient checkpointing with only the layers trainable gives their gradients", "[unit][model]") {

@@ -280,3 +280,60 @@ TEST_CASE("train.offload=auto: the optimizer goes to the host exactly when the p
   fixed.train.offload = "optimizer";
   CHECK(train::choose_offload(fixed, 1, 0, &why));
 }
+
+TEST_CASE("train.gradient_checkpointing=auto: the fewest recomputed FLOPs whose plan fits the GPU", "[unit][train]") {
+  const std::string dir = std::string(PI0_SOURCE_DIR) + "/configs/";
+  const auto cfg = config::load_config(dir + "pi0_libero.yaml", {"train.gradient_checkpointing=auto"});
+  const auto all = model::all_layers(model::options_from_config(cfg.model));
+  // With the optimizer on the host, as auto would decide it on a 24-80 GB card.
+  const auto rank = train::plan_rank_memory(cfg, 1, /*offload=*/true);
+  auto peak = [&](const model::CheckpointedLayers& c) { return rank.peak_bytes(train::plan_memory(cfg, 1, c).activations); };
+  auto choose = [&](int64_t device_bytes, std::string* why) {
+    return train::choose_checkpointed_layers(cfg, 1, /*offload=*/true, device_bytes, why);
+  };
+  const model::CheckpointedLayers none;
+  std::string why;
+  // A GPU that holds the plan without checkpointing recomputes nothing; one byte less recomputes some layers.
+  const int64_t without = peak(none);
+  CHECK(choose(without + train::kCardReserveBytes, &why) == none);
+  CHECK_THAT(why, Catch::Contains("train.gradient_checkpointing=auto: off (the plan's peak"));
+  const auto some = choose(without + train::kCardReserveBytes - 1, &why);
+  CHECK(some != none);
+  CHECK(some != all);
+  CHECK(peak(some) < without);
+  CHECK_THAT(why, Catch::Contains("train.gradient_checkpointing=auto: " + train::describe_checkpointing(cfg, some) +
+                                  " (the plan's peak"));
+  // Just above a split's peak keeps it; one byte below recomputes more layers of at least one stack.
+  const int64_t at = peak(some);
+  CHECK(choose(at + train::kCardReserveBytes, &why) == some);
+  const auto more = choose(at + train::kCardReserveBytes - 1, &why);
+  CHECK(peak(more) < at);
+  CHECK((more.vision > some.vision || more.language > some.language));
+  // Every budget in between fits its choice, and the joint depth less one (the whole stack's run) is never named.
+  for (int64_t gib = 4; gib <= 80; gib += 2) {
+    CAPTURE(gib);
+    const auto c = choose(gib << 30, &why);
+    CHECK(c.language != all.language - 1);
+    if (c != all) CHECK(peak(c) <= (gib << 30) - train::kCardReserveBytes);
+  }
+  // Even every layer does not fit: every layer, and the log says so.
+  CHECK(choose(peak(all) + train::kCardReserveBytes - 1, &why) == all);
+  CHECK_THAT(why, Catch::Contains("auto: on (every layer; even so the plan's peak"));
+  // The CPU: nothing, whatever the plan.
+  CHECK(choose(0, &why) == none);
+  CHECK_THAT(why, Catch::Contains("auto: off (training on the CPU"));
+  // Written values are kept whatever the device.
+  auto fixed = cfg;
+  fixed.train.gradient_checkpointing = "true";
+  CHECK(train::choose_checkpointed_layers(fixed, 1, true, 0, &why) == all);
+  CHECK(why == "train.gradient_checkpointing=true");
+  fixed.train.gradient_checkpointing = "false";
+  CHECK(train::choose_checkpointed_layers(fixed, 1, true, 1, &why) == none);
+  // How the plan and the log name them; the report plans auto as off, and says auto decides on the GPU.
+  CHECK(train::describe_checkpointing(cfg, all) == "on");
+  CHECK(train::describe_checkpointing(cfg, none) == "off");
+  CHECK(train::describe_checkpointing(cfg, {12, 10}) == "12 of 27 vision, 10 of 18 language layers");
+  CHECK(train::plan_memory(cfg, 1).checkpointed == none);
+  CHECK_THAT(train::format_memory_report(cfg, 1, true),
+             Catch::Contains("gradient checkpointing off (auto: pi0-train recomputes only the layers the GPU needs)"));
+}

@@ -225,6 +225,7 @@ TEST_CASE("multi-tensor AdamW and EMA equal the per-tensor loops bit-exactly", "
   AdamWOptions oa, ob;
   oa.foreach = true;
   ob.foreach = false;
+  oa.fused_host = ob.fused_host = false;  // the op sequences are compared here; the one-pass form below
   oa.weight_decay = ob.weight_decay = 0.01;
   AdamW opt_a(a, oa), opt_b(b, ob);
   Ema ema_a(a, 0.9), ema_b(b, 0.9);
@@ -252,6 +253,57 @@ TEST_CASE("multi-tensor AdamW and EMA equal the per-tensor loops bit-exactly", "
   }
   auto sa = opt_a.state_dict(), sb = opt_b.state_dict();
   for (const auto& [k, t] : sa) CHECK(torch::equal(t, sb.at(k)));
+}
+
+// The host update (train.offload's, and every float32 host parameter's): at::_fused_adamw_ on LibTorch >= 2.4,
+// host_adamw_step's loop on older ones. Same formulas as the op sequence in float32, so they differ only in rounding
+// order: a few ulps per step of each of p (|p| ~ 1 here, ulp 1.2e-7), m and v. Four steps stay within 1e-6
+// absolute plus 1e-5 relative; a wrong formula (a missed bias correction, decay or lerp weight) moves p by ~1e-3.
+TEST_CASE("one-pass host AdamW equals the op sequence within float32 rounding", "[unit][train]") {
+  auto make = [] {
+    torch::manual_seed(12);
+    NamedTensors ps;
+    for (int64_t i = 0; i < 4; ++i) ps.emplace_back("p" + std::to_string(i), torch::randn({200 + 37 * i, 9}));
+    // Not the host form's: a bfloat16 parameter and a non-contiguous one go through the op sequence in both.
+    ps.emplace_back("bf16", torch::randn({6, 5}).to(torch::kBFloat16));
+    ps.emplace_back("strided", torch::randn({8, 6}).t());
+    return ps;
+  };
+  auto a = make(), b = make();
+  AdamWOptions oa, ob;
+  oa.weight_decay = ob.weight_decay = 0.01;
+  ob.fused_host = false;
+  AdamW fused(a, oa), ops(b, ob);
+  for (int step = 0; step < 4; ++step) {
+    torch::manual_seed(200 + step);
+    std::vector<torch::Tensor> grads;
+    for (auto& [n, p] : a) grads.push_back(torch::randn(p.sizes()).to(p.scalar_type()));
+    fused.step(1e-2, grads);
+    ops.step(1e-2, grads);
+  }
+  REQUIRE(host_adamw_takes(a[0].second, a[0].second));
+  CHECK_FALSE(host_adamw_takes(a[4].second, a[4].second));
+  CHECK_FALSE(host_adamw_takes(a[5].second, a[5].second));
+  auto sa = fused.state_dict(), sb = ops.state_dict();
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].first);
+    if (i >= 4) {
+      CHECK(torch::equal(a[i].second, b[i].second));  // the same op sequence on both sides
+      continue;
+    }
+    CHECK(torch::allclose(a[i].second, b[i].second, 1e-5, 1e-6));
+    CHECK(torch::allclose(sa.at(a[i].first + ".exp_avg"), sb.at(b[i].first + ".exp_avg"), 1e-5, 1e-7));
+    CHECK(torch::allclose(sa.at(a[i].first + ".exp_avg_sq"), sb.at(b[i].first + ".exp_avg_sq"), 1e-5, 1e-8));
+    // And the steps did move the weights: the comparison is not of untouched tensors.
+    CHECK((a[i].second - make()[i].second).abs().max().item<double>() > 1e-3);
+  }
+  CHECK(sa.at("step").item<int64_t>() == 4);
+}
+
+TEST_CASE("host_adamw_step refuses tensors it cannot take", "[unit][train]") {
+  auto p = torch::zeros({4}), g = torch::zeros({4}, torch::kFloat64);
+  CHECK_THROWS_WITH(host_adamw_step({p}, {g}, {torch::zeros({4})}, {torch::zeros({4})}, 1e-3, 1, {}),
+                    Contains("tensor 0 is not contiguous float32 in host memory"));
 }
 
 TEST_CASE("for_each_group splits by element bound and keeps the lists parallel", "[unit][train]") {
