@@ -88,7 +88,7 @@ struct Args {
   // child mode
   bool child = false;
   std::string precision = "float32";
-  bool checkpointing = false;
+  std::string checkpointing = "0";  ///< "0" (off), "1" (every layer), "auto" (train.gradient_checkpointing=auto)
   int64_t batch = 0;
   std::string out;  ///< child's result file
 };
@@ -121,7 +121,8 @@ std::optional<Args> parse_args(int argc, char** argv) {
   cli->add_option("--device", a.device, "cpu, cuda or cuda:N");
   cli->add_option("--peak-tflops", a.peak_tflops, "the device's dense bf16 peak: adds model FLOPs utilization");
   cli->add_option("--freeze", a.freeze, "train.freeze preset for every row");
-  cli->add_option("--checkpointing-modes", a.checkpointing_modes, "gradient checkpointing rows: 0 (off), 1 (on)");
+  cli->add_option("--checkpointing-modes", a.checkpointing_modes,
+                  "gradient checkpointing rows: 0 (off), 1 (on), auto (the layers the plan says the GPU needs)");
   cli->add_option("--offload", a.offload, "train.offload for every row: none, optimizer or auto");
   cli->add_option("--grad-accum", a.grad_accum, "train.grad_accum_steps for every row")->check(app::int_in(1));
   cli->add_option("--gpu-gib", a.gpu_gib,
@@ -130,8 +131,7 @@ std::optional<Args> parse_args(int argc, char** argv) {
   // One configuration in a fresh process (the parent runs this binary with them).
   cli->add_flag("--child", a.child, "internal: run one configuration")->group("");
   cli->add_option("--precision", a.precision, "internal")->group("");
-  cli->add_option_function<std::string>("--checkpointing", [&](const std::string& v) { a.checkpointing = v == "1"; },
-                                        "internal")->group("");
+  cli->add_option("--checkpointing", a.checkpointing, "internal")->check(CLI::IsMember({"0", "1", "auto"}))->group("");
   cli->add_option("--batch", a.batch, "internal")->group("");
   cli->add_option("--out", a.out, "internal: the child's result file")->group("");
   if (app::parse(*cli, argc, argv)) return std::nullopt;
@@ -173,7 +173,7 @@ config::Config bench_config(const Args& a, int64_t batch) {
   cfg.train.precision = a.precision;
   cfg.train.device = a.device;
   cfg.checkpoint.init_weights = "";  // throughput does not depend on the weights' values
-  cfg.train.gradient_checkpointing = a.checkpointing ? "true" : "false";
+  cfg.train.gradient_checkpointing = a.checkpointing == "1" ? "true" : a.checkpointing == "auto" ? "auto" : "false";
   cfg.train.offload = a.offload;
   cfg.train.grad_accum_steps = a.grad_accum;
   if (!a.freeze.empty()) cfg.train.freeze = a.freeze;
@@ -233,16 +233,19 @@ int run_child(const Args& a) {
   fs::remove_all(run_dir);
   cfg.checkpoint.run_dir = run_dir.string();
   double base_mib = 0;
+  model::CheckpointedLayers checkpointed;  // what train.gradient_checkpointing (auto included) came to
   try {
     train::RunOptions options;
     options.final_checkpoint = a.save_checkpoint;
     train::Trainer trainer(cfg, options);
+    checkpointed = trainer.model()->checkpointed_layers();
     base_mib = proc_status_mib("VmRSS");
     trainer.run();
   } catch (const c10::OutOfMemoryError& e) {
     const nlohmann::json out = {{"status", "out of memory"},
                                 {"precision", a.precision},
-                                {"gradient_checkpointing", a.checkpointing},
+                                {"gradient_checkpointing", a.checkpointing == "1"},
+                                {"checkpointing_mode", a.checkpointing},
                                 {"batch", cfg.train.batch_size},
                                 {"peak_gpu_mib", peak_gpu_mib(a)},
                                 {"rss_peak_mib", proc_status_mib("VmHWM")},
@@ -276,7 +279,9 @@ int run_child(const Args& a) {
                         {"offload", a.offload},
                         {"grad_accum_steps", a.grad_accum},
                         {"gpu_cap_gib", a.gpu_gib},
-                        {"gradient_checkpointing", a.checkpointing},
+                        {"gradient_checkpointing", a.checkpointing == "1"},
+                        {"checkpointing_mode", a.checkpointing},
+                        {"checkpointed_layers", {checkpointed.vision, checkpointed.language}},
                         {"batch", cfg.train.batch_size},
                         {"step_s", step_s},
                         {"step_s_median", t.median},
@@ -297,13 +302,14 @@ int run_child(const Args& a) {
 
 /// Parent: runs one configuration in a fresh process and returns its result: the child's JSON ("status" ok or
 /// "out of memory"), or {"status": "failed (...)"} if it died or wrote nothing. Never throws for a child's failure.
-nlohmann::json spawn_child(const Args& a, const std::string& precision, bool checkpointing, int64_t batch) {
+nlohmann::json spawn_child(const Args& a, const std::string& precision, const std::string& checkpointing,
+                           int64_t batch) {
   const std::string out = (fs::path(a.dir) / "child_result.json").string();
   fs::remove(out);
   std::vector<std::string> args = {"/proc/self/exe", "--child", "--config", a.config, "--steps", std::to_string(a.steps),
                                    "--warmup", std::to_string(a.warmup), "--workers", std::to_string(a.workers),
                                    "--threads", std::to_string(a.threads), "--dir", a.dir, "--tokenizer", a.tokenizer,
-                                   "--precision", precision, "--checkpointing", checkpointing ? "1" : "0",
+                                   "--precision", precision, "--checkpointing", checkpointing,
                                    "--batch", std::to_string(batch), "--out", out, "--device", a.device,
                                    "--offload", a.offload, "--grad-accum", std::to_string(a.grad_accum),
                                    "--gpu-gib", std::to_string(a.gpu_gib)};
@@ -333,8 +339,16 @@ nlohmann::json spawn_child(const Args& a, const std::string& precision, bool che
     return nlohmann::json::parse(f);
   }
   const std::string why = exited ? "exit " + std::to_string(code) : "signal " + std::to_string(WTERMSIG(status));
-  return {{"status", "failed (" + why + ")"}, {"precision", precision}, {"gradient_checkpointing", checkpointing},
-          {"batch", batch}};
+  return {{"status", "failed (" + why + ")"}, {"precision", precision}, {"gradient_checkpointing", checkpointing == "1"},
+          {"checkpointing_mode", checkpointing}, {"batch", batch}};
+}
+
+// The table's checkpointing column: off, on, or what auto chose ("auto: 25+18" vision+joint layers recomputed).
+std::string ckpt_label(const std::string& mode, const nlohmann::json& row) {
+  if (mode != "auto") return mode == "1" ? "on" : "off";
+  if (!row.contains("checkpointed_layers")) return "auto";
+  return "auto: " + std::to_string(row["checkpointed_layers"][0].get<int64_t>()) + "+" +
+         std::to_string(row["checkpointed_layers"][1].get<int64_t>());
 }
 
 std::string fmt(const char* f, double v) {
@@ -383,9 +397,9 @@ int run_parent(Args a) {
   bool any_failed = false;
   for (const int64_t batch : a.batches) {
     for (const auto& precision : a.precisions) {
-      for (const bool ckpt : {false, true}) {
+      for (const std::string ckpt : {"0", "1", "auto"}) {
         const auto modes = split(a.checkpointing_modes);
-        if (std::find(modes.begin(), modes.end(), ckpt ? "1" : "0") == modes.end()) continue;
+        if (std::find(modes.begin(), modes.end(), ckpt) == modes.end()) continue;
         auto r = spawn_child(a, precision, ckpt, batch);
         // Does not fit: once more at the next smaller batch (half), so the row still says what does fit.
         std::vector<int64_t> oom_batches;
@@ -405,7 +419,7 @@ int run_parent(Args a) {
           const double step_flops = static_cast<double>(model::training_step_flops(mopts, b, 3));
           r["mfu"] = a.peak_tflops > 0 ? step_flops / r["step_s_median"].get<double>() / (a.peak_tflops * 1e12) : 0.0;
           std::printf("| %s | %s | %lld%s | %.3f | %.3f | %.3f | %.2f | %.2f | %.0f | %.0f | %.0f | %s |\n",
-                      precision.c_str(), ckpt ? "on" : "off", static_cast<long long>(b), note.c_str(),
+                      precision.c_str(), ckpt_label(ckpt, r).c_str(), static_cast<long long>(b), note.c_str(),
                       r["step_s_median"].get<double>(), r["step_s_best"].get<double>(),
                       r["step_cpu_s_median"].get<double>(), r["samples_per_s_median"].get<double>(),
                       r["samples_per_s_best"].get<double>(), r["rss_peak_mib"].get<double>(),
@@ -417,7 +431,7 @@ int run_parent(Args a) {
           std::string what = oom ? "out of memory at batch " + std::to_string(b) : status;
           if (oom && oom_batches.size() == 2) what += " (and at batch " + std::to_string(oom_batches.front()) + ")";
           const double peak = oom ? r.value("peak_gpu_mib", -1.0) : -1.0;
-          std::printf("| %s | %s | %lld | %s | | | | | %s | | | |\n", precision.c_str(), ckpt ? "on" : "off",
+          std::printf("| %s | %s | %lld | %s | | | | | %s | | | |\n", precision.c_str(), ckpt_label(ckpt, r).c_str(),
                       static_cast<long long>(batch), what.c_str(),
                       peak >= 0 ? (fmt("%.0f", peak) + " (at the failure)").c_str() : "-");
         }

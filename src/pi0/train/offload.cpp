@@ -32,7 +32,14 @@ int64_t device_memory_bytes(const torch::Device& device) {
   if (!device.is_cuda()) return 0;
 #ifdef PI0_WITH_CUDA
   const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
-  return static_cast<int64_t>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+  const auto total = static_cast<int64_t>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  // A cap on the caching allocator (setMemoryFraction: bench_train --gpu-gib emulating a smaller card) is what the
+  // tensors may use, so the plans choose for it.
+  const double fraction = c10::cuda::CUDACachingAllocator::getMemoryFraction(index);
+  if (fraction > 0 && fraction < 1) return static_cast<int64_t>(fraction * static_cast<double>(total));
+#endif
+  return total;
 #else
   return 0;
 #endif

@@ -32,7 +32,9 @@ class Pi0Impl;
 
 namespace pi0::train {
 
-/// Total memory of `device` in bytes (a CUDA device's), 0 for the CPU: what train.offload=auto plans against.
+/// Total memory of `device` in bytes (a CUDA device's, or the share the caching allocator is capped at with
+/// setMemoryFraction, on LibTorch >= 2.9), 0 for the CPU: what train.offload=auto and gradient_checkpointing=auto plan
+/// against.
 int64_t device_memory_bytes(const torch::Device& device);
 
 class OptimizerOffload {
