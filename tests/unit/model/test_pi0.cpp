@@ -231,39 +231,56 @@ TEST_CASE("flow-matching loss gradient matches finite differences (float64)", "[
   }
 }
 
-TEST_CASE("per-layer gradient checkpointing gives the same loss and gradients", "[unit][model]") {
-  for (bool pi05 : {false, true}) {
-    auto o = dummy_options(pi05);
-    Pi0 model(o);
+namespace {
+// A dummy model with perturbed weights (so no gradient is trivially zero) and fixed noise and time: what the
+// checkpointing tests compare with and without recomputation.
+struct CheckpointingCase {
+  Pi0Options o;
+  Pi0 model;
+  Observation obs;
+  torch::Tensor actions, noise, time;
+  explicit CheckpointingCase(bool pi05) : o(dummy_options(pi05)), model(o) {
     {
       torch::NoGradGuard ng;
       for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.05);
     }
-    auto obs = testing::random_observation(o, 2);
-    auto actions = torch::randn({2, o.action_horizon, o.action_dim});
-    auto noise = torch::randn_like(actions);
-    auto time = torch::tensor({0.2f, 0.9f});
-    auto run = [&](bool ckpt) {
-      model->set_gradient_checkpointing(ckpt);
-      model->zero_grad();
-      auto loss = model->compute_loss(obs, actions, noise, time).mean();
-      loss.backward();
-      std::vector<std::pair<std::string, torch::Tensor>> g;
-      for (auto& p : model->named_parameters())
-        g.emplace_back(p.key(), p.value().grad().defined() ? p.value().grad().clone() : torch::zeros_like(p.value()));
-      return std::make_pair(loss.item<double>(), g);
-    };
-    auto [l0, g0] = run(false);
-    auto [l1, g1] = run(true);
+    obs = testing::random_observation(o, 2);
+    actions = torch::randn({2, o.action_horizon, o.action_dim});
+    noise = torch::randn_like(actions);
+    time = torch::tensor({0.2f, 0.9f});
+  }
+  struct Result {
+    double loss;
+    std::vector<torch::Tensor> grads;  ///< per parameter, zeros where none
+    int64_t recomputed;                ///< layers recomputed in backward
+  };
+  Result run() {
+    model->zero_grad();
+    const auto before = nn::checkpoint_recomputations();
+    auto loss = model->compute_loss(obs, actions, noise, time).mean();
+    loss.backward();
+    Result r{loss.item<double>(), {}, nn::checkpoint_recomputations() - before};
+    for (auto& p : model->parameters()) r.grads.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    return r;
+  }
+};
+}  // namespace
+
+TEST_CASE("per-layer gradient checkpointing gives the same loss and gradients", "[unit][model]") {
+  for (bool pi05 : {false, true}) {
+    CheckpointingCase c(pi05);
+    c.model->set_gradient_checkpointing(false);
+    const auto plain = c.run();
+    c.model->set_gradient_checkpointing(true);
+    const auto recomputed = c.run();
     INFO("pi05=" << pi05);
-    CHECK(l0 == Approx(l1).epsilon(1e-6));
+    CHECK(plain.loss == Approx(recomputed.loss).epsilon(1e-6));
     size_t nonzero = 0;
-    for (size_t i = 0; i < g0.size(); ++i) {
-      INFO(g0[i].first);
-      CHECK(testing::max_rel_error(g1[i].second, g0[i].second) < 1e-4);
-      nonzero += g0[i].second.abs().sum().item<double>() > 0;
+    for (size_t i = 0; i < plain.grads.size(); ++i) {
+      CHECK(testing::max_rel_error(recomputed.grads[i], plain.grads[i]) < 1e-4);
+      nonzero += plain.grads[i].abs().sum().item<double>() > 0;
     }
-    CHECK(nonzero > g0.size() / 2);
+    CHECK(nonzero > plain.grads.size() / 2);
   }
 }
 
@@ -288,43 +305,28 @@ TEST_CASE("gradient checkpointing recomputes each layer once, except the last jo
 
 TEST_CASE("partial gradient checkpointing recomputes the first layers of each stack, same loss and gradients",
           "[unit][model]") {
-  auto o = dummy_options(true);
-  Pi0 model(o);
-  {
-    torch::NoGradGuard ng;
-    for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.05);
-  }
-  auto obs = testing::random_observation(o, 2);
-  auto actions = torch::randn({2, o.action_horizon, o.action_dim});
-  auto noise = torch::randn_like(actions);
-  auto time = torch::tensor({0.2f, 0.9f});
-  int64_t recomputed = 0;
+  CheckpointingCase c(/*pi05=*/true);
+  auto& o = c.o;
+  auto& model = c.model;
   auto run = [&](int64_t vision, int64_t language) {
     model->set_checkpointed_layers(vision, language);
-    model->zero_grad();
-    const auto before = nn::checkpoint_recomputations();
-    auto loss = model->compute_loss(obs, actions, noise, time).mean();
-    loss.backward();
-    recomputed = nn::checkpoint_recomputations() - before;
-    std::vector<torch::Tensor> g;
-    for (auto& p : model->parameters()) g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
-    return std::make_pair(loss.item<double>(), g);
+    return c.run();
   };
   const auto plain = run(0, 0);
-  CHECK(recomputed == 0);
+  CHECK(plain.recomputed == 0);
   const int64_t depth = o.paligemma.depth;
   struct Case {
     int64_t vision, language, recomputed;
   };
   // The last joint layer is never recomputed: depth joint layers recompute depth − 1.
-  for (const Case c : {Case{1, 2, 3}, Case{2, 1, 3}, Case{0, depth, depth - 1}, Case{1, 0, 1}}) {
-    CAPTURE(c.vision, c.language);
-    const auto partial = run(c.vision, c.language);
-    CHECK(model->checkpointed_layers() == CheckpointedLayers{c.vision, c.language});
-    CHECK(recomputed == c.recomputed);
-    CHECK(partial.first == Approx(plain.first).epsilon(1e-6));
-    for (size_t i = 0; i < plain.second.size(); ++i)
-      CHECK(testing::max_rel_error(partial.second[i], plain.second[i]) < 1e-4);
+  for (const Case k : {Case{1, 2, 3}, Case{2, 1, 3}, Case{0, depth, depth - 1}, Case{1, 0, 1}}) {
+    CAPTURE(k.vision, k.language);
+    const auto partial = run(k.vision, k.language);
+    CHECK(model->checkpointed_layers() == CheckpointedLayers{k.vision, k.language});
+    CHECK(partial.recomputed == k.recomputed);
+    CHECK(partial.loss == Approx(plain.loss).epsilon(1e-6));
+    for (size_t i = 0; i < plain.grads.size(); ++i)
+      CHECK(testing::max_rel_error(partial.grads[i], plain.grads[i]) < 1e-4);
   }
   model->set_gradient_checkpointing(true);
   CHECK(model->checkpointed_layers() == all_layers(o));
