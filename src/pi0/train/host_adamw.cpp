@@ -40,11 +40,11 @@ void host_adamw_step(const std::vector<torch::Tensor>& params, const std::vector
   torch::NoGradGuard no_grad;
 #if PI0_HAVE_FUSED_ADAMW_CPU
   // LibTorch's own one-pass kernel (vectorized per CPU capability). It reads the step from a float tensor, as
-  // torch.optim does; max_exp_avg_sqs is only read with amsgrad, so the second moments stand in for it.
+  // torch.optim does; without amsgrad it requires max_exp_avg_sqs to be empty.
   const auto step_tensor = torch::full({}, static_cast<double>(step), torch::kFloat32);
   const std::vector<torch::Tensor> steps(params.size(), step_tensor);
-  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, exp_avg_sqs, steps, lr, o.beta1, o.beta2, o.weight_decay,
-                    o.eps, /*amsgrad=*/false, /*maximize=*/false);
+  at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, o.beta1, o.beta2,
+                    o.weight_decay, o.eps, /*amsgrad=*/false, /*maximize=*/false);
 #else
   // Scalars rounded to float once, as ATen's float kernels round theirs. Even unvectorized (the square root keeps
   // errno semantics) the loop runs near the memory's pace: ~10 cycles per element against 28 bytes of traffic.
