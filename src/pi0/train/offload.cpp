@@ -150,9 +150,19 @@ struct OptimizerOffload::Impl {
   bool update_failed = false;
 #ifdef PI0_WITH_CUDA
   std::optional<c10::cuda::CUDAStream> copy_stream;
-  std::optional<at::cuda::CUDAEvent> uploaded;
   std::vector<std::unique_ptr<at::cuda::CUDAEvent>> group_uploaded;  // recorded on copy_stream, one per group
 #endif
+
+  // Before the copies are overwritten (CUDA): the copy stream waits for what the compute stream has queued so far,
+  // which may still read them.
+  void copies_after_compute() {
+#ifdef PI0_WITH_CUDA
+    if (!device.is_cuda()) return;
+    at::cuda::CUDAEvent idle;
+    idle.record(c10::cuda::getCurrentCUDAStream(device.index()));
+    idle.block(*copy_stream);
+#endif
+  }
 
   // The device copies of one group take their masters' values (on the host thread during an update).
   void upload_group(size_t g) {
@@ -251,7 +261,6 @@ OptimizerOffload::OptimizerOffload(model::Pi0Impl& model, const PlacementTable& 
   if (device.is_cuda()) {
     if (!device.has_index()) s.device = torch::Device(torch::kCUDA, c10::cuda::current_device());
     s.copy_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, s.device.index());
-    s.uploaded.emplace();
   }
 #else
   PI0_CHECK(!device.is_cuda(), "train.offload: a CUDA device in a build without CUDA");
@@ -324,9 +333,6 @@ void OptimizerOffload::before_forward(int64_t micro, int64_t n) {
   s.grad_seconds = 0;
   for (auto& m : s.masters)
     if (m.grad().defined()) m.mutable_grad() = torch::Tensor();
-#ifdef PI0_WITH_CUDA
-  if (s.device.is_cuda()) s.uploaded->block(c10::cuda::getCurrentCUDAStream(s.device.index()));
-#endif
   s.wait_landed(0);  // the weights outside the layers; each layer's own wait in the model's layer gate
 }
 
@@ -369,40 +375,14 @@ bool OptimizerOffload::norms_as_they_arrive() const { return impl_->norms; }
 
 void OptimizerOffload::upload() {
   auto& s = *impl_;
-  torch::NoGradGuard no_grad;
-#ifdef PI0_WITH_CUDA
-  if (s.device.is_cuda()) {
-    // Nothing on the compute stream may still read a copy while it is overwritten.
-    at::cuda::CUDAEvent idle;
-    idle.record(c10::cuda::getCurrentCUDAStream(s.device.index()));
-    idle.block(*s.copy_stream);
-    c10::cuda::CUDAStreamGuard guard(*s.copy_stream);
-    for (size_t i = 0; i < s.params.size(); ++i) {
-      // Converted on the host into pinned memory (the caching host allocator reuses it once the copy is done),
-      // then copied asynchronously: half the bytes of a float32 transfer for bf16 copies.
-      auto& dev = s.params[i];
-      auto staging = torch::empty(dev.sizes(), dev.options().device(torch::kCPU).pinned_memory(true));
-      staging.copy_(s.masters[i].detach());
-      dev.detach().copy_(staging, /*non_blocking=*/true);
-    }
-    s.uploaded->record(*s.copy_stream);
-    return;
-  }
-#endif
-  for (size_t i = 0; i < s.params.size(); ++i) s.params[i].detach().copy_(s.masters[i].detach());
+  s.copies_after_compute();
+  for (size_t g = 0; g < s.groups.size(); ++g) s.upload_group(g);  // the forward waits per group, as after an update
 }
 
 void OptimizerOffload::update_in_forward_order(std::function<void(const std::vector<size_t>&)> update) {
   auto& s = *impl_;
   s.host->drain();  // idle already (after_backward drains it); rethrows what an earlier task left
-#ifdef PI0_WITH_CUDA
-  if (s.device.is_cuda()) {
-    // Nothing queued on the compute stream so far may still read a copy while it is overwritten.
-    at::cuda::CUDAEvent idle;
-    idle.record(c10::cuda::getCurrentCUDAStream(s.device.index()));
-    idle.block(*s.copy_stream);
-  }
-#endif
+  s.copies_after_compute();
   {
     std::lock_guard<std::mutex> lock(s.landed_mutex);
     s.landed = 0;

@@ -55,8 +55,9 @@ class OptimizerOffload {
   /// after_backward their .grad is the host accumulation.
   const NamedTensors& masters() const { return masters_; }
 
-  /// Before the forward of micro-batch `micro` of `n`: micro 0 starts the step's accumulation (and on CUDA makes the
-  /// compute stream wait for the last upload).
+  /// Before the forward of micro-batch `micro` of `n`: micro 0 starts the step's accumulation and waits until the
+  /// weights outside the layers have landed (on CUDA: the compute stream waits for their copies); each layer's own
+  /// wait is wait_for_layer.
   void before_forward(int64_t micro, int64_t n);
   /// After micro-batch `micro` of `n`'s backward: waits until its gradients are in the host accumulation. After the
   /// last one each master's .grad is its accumulation (undefined where no micro-batch produced a gradient).
@@ -66,7 +67,8 @@ class OptimizerOffload {
   /// with norms_as_they_arrive.
   torch::Tensor gradient_sum_of_squares() const;
   bool norms_as_they_arrive() const;
-  /// After the host update (AdamW, EMA): the device copies take the masters' new values, all at once.
+  /// The device copies take the masters' new values, all of them now (MasterWeightsScope after a load), group by
+  /// group as update_in_forward_order uploads them, so the forward's waits are the same.
   void upload();
 
   /// The host update overlapped with the next step, the way the trainer runs it: on the host thread, group by group
