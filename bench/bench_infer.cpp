@@ -2,7 +2,11 @@
 // the number a robot sees per action chunk. Random weights: latency does not depend on their values.
 //   bench_infer [--config configs/pi05_libero.yaml] [--device cpu|cuda] [--dtype bf16|float32]
 //               [--cameras 1,3] [--iters N] [--warmup W] [--json out.json] [--cuda-graph off,on]
+//               [--rtc off,trained,guided-identity,guided-exact] [--rtc-delay 5]
 // --cuda-graph: rows with the denoising loop replayed as a CUDA graph ("on") and launched op by op ("off").
+// --rtc: rows continuing a previous chunk of H random rows with inference_delay --rtc-delay (real-time chunking,
+// model/rtc.h): trained mode replays the CUDA graph too; guided mode always runs eager (the exact product's backward
+// pass is not captured), so its "on" rows measure the eager loop.
 // Target for the full-size models on an H100: <= 30 ms for 3 cameras and 10 steps.
 // On CUDA, SampleTiming synchronizes the device before reading each clock.
 #include <algorithm>
@@ -27,8 +31,9 @@ namespace {
 struct Args {
   std::string config = "configs/pi05_libero.yaml", device = "cpu", dtype = "bf16", json;
   std::vector<int64_t> cameras = {1, 3};
-  std::vector<std::string> cuda_graph = {"off"};
+  std::vector<std::string> cuda_graph = {"off"}, rtc = {"off"};
   int iters = 20, warmup = 3;
+  int64_t rtc_delay = 5;
 };
 
 // Flags through the shared command-line layer (--help lists them); std::nullopt when --help/--version answered.
@@ -45,6 +50,11 @@ std::optional<Args> parse_args(int argc, char** argv) {
   cli->add_option("--cuda-graph", a.cuda_graph, "on and/or off, comma-separated")
       ->delimiter(',')
       ->check(app::one_of({"on", "off"}));
+  cli->add_option("--rtc", a.rtc, "real-time chunking modes, comma-separated: off, trained, guided-identity, guided-exact")
+      ->delimiter(',')
+      ->check(app::one_of({"off", "trained", "guided-identity", "guided-exact"}));
+  cli->add_option("--rtc-delay", a.rtc_delay, "inference_delay of the --rtc rows (at most the action horizon - 1)")
+      ->check(app::int_in(0));
   if (app::parse(*cli, argc, argv)) return std::nullopt;
   return a;
 }
@@ -52,6 +62,19 @@ std::optional<Args> parse_args(int argc, char** argv) {
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// One --rtc row's request: a previous chunk of H random model-space rows (what the model makes of them does not
+// change the cost), `delay` of them committed.
+model::RtcRequest rtc_request(const std::string& mode, int64_t delay, const model::Pi0Options& opts,
+                              const torch::TensorOptions& f32) {
+  model::RtcRequest r;
+  if (mode == "off") return r;
+  r.mode = mode == "trained" ? model::RtcMode::kTrained : model::RtcMode::kGuided;
+  r.guidance.jacobian = mode == "guided-exact" ? model::RtcJacobian::kExact : model::RtcJacobian::kIdentity;
+  r.prev = torch::randn({1, opts.action_horizon, opts.action_dim}, f32);
+  r.delay = delay;
+  return r;
 }
 
 }  // namespace
@@ -74,14 +97,19 @@ int bench_main(int argc, char** argv) {
   m->to(device, dtype);
   m->set_compute_dtype(dtype);
   m->eval();
+  // Below the horizon: the robot continues at row d of the answer.
+  const int64_t rtc_delay = std::min<int64_t>(a.rtc_delay, opts.action_horizon - 1);
   std::cout << "# bench_infer\n\nconfig " << a.config << " (" << (opts.pi05 ? "pi05" : "pi0") << "), device "
             << a.device << ", " << a.dtype << " weights and compute, batch 1, 10 steps with KV cache, median of "
-            << a.iters << " after " << a.warmup << " warm-up\n\n"
-            << "| cameras | cuda graph | prefix ms | per step ms | total ms |\n|---|---|---|---|---|\n";
+            << a.iters << " after " << a.warmup << " warm-up"
+            << (a.rtc == std::vector<std::string>{"off"} ? "" : "; rtc rows: inference_delay " + std::to_string(rtc_delay))
+            << "\n\n"
+            << "| cameras | cuda graph | rtc | prefix ms | per step ms | total ms |\n|---|---|---|---|---|---|\n";
   nlohmann::json rows = nlohmann::json::array();
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   for (const auto& graph : a.cuda_graph)
-  for (const int64_t cams : a.cameras) {
+  for (const int64_t cams : a.cameras)
+  for (const auto& rtc_mode : a.rtc) {
     m->set_cuda_graph(graph == "on");
     model::Observation obs;
     for (int64_t c = 0; c < cams; ++c) {
@@ -92,19 +120,21 @@ int bench_main(int argc, char** argv) {
     obs.tokenized_prompt = torch::randint(1, 1000, {1, opts.max_token_len}, f32.dtype(torch::kLong));
     obs.tokenized_prompt_mask = torch::ones({1, opts.max_token_len}, f32.dtype(torch::kBool));
     auto noise = torch::randn({1, opts.action_horizon, opts.action_dim}, f32);
+    const auto rtc = rtc_request(rtc_mode, rtc_delay, opts, f32);
     std::vector<double> prefix, step, total;
     for (int i = 0; i < a.warmup + a.iters; ++i) {
       model::SampleTiming t;
-      m->sample_actions(obs, noise, 10, true, &t);
+      m->sample_actions(obs, noise, 10, true, &t, &rtc);
       if (i < a.warmup) continue;
       prefix.push_back(t.prefix_ms);
       step.push_back((t.total_ms() - t.prefix_ms) / static_cast<double>(t.step_ms.size()));
       total.push_back(t.total_ms());
     }
-    std::printf("| %lld | %s | %.2f | %.2f | %.2f |\n", static_cast<long long>(cams), graph.c_str(), median(prefix),
-                median(step), median(total));
-    rows.push_back({{"cameras", cams}, {"cuda_graph", graph == "on"}, {"prefix_ms", median(prefix)}, {"step_ms", median(step)},
-                    {"total_ms", median(total)}});
+    std::printf("| %lld | %s | %s | %.2f | %.2f | %.2f |\n", static_cast<long long>(cams), graph.c_str(),
+                rtc_mode.c_str(), median(prefix), median(step), median(total));
+    rows.push_back({{"cameras", cams}, {"cuda_graph", graph == "on"}, {"rtc", rtc_mode},
+                    {"rtc_delay", rtc_mode == "off" ? 0 : rtc_delay}, {"prefix_ms", median(prefix)},
+                    {"step_ms", median(step)}, {"total_ms", median(total)}});
   }
   if (!a.json.empty()) {
     std::ofstream(a.json) << nlohmann::json{{"config", a.config}, {"device", a.device}, {"dtype", a.dtype},

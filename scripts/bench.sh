@@ -47,6 +47,11 @@ if [ "${1:-}" = "--gpu" ]; then
     row "gpu_infer_$m" "$BUILD/bench_infer" --config "configs/${m}_libero.yaml" --device cuda --dtype bf16 \
       --cameras 1,3 --iters $ITERS --cuda-graph off,on --json "$GOUT/gpu_infer_$m.json"
   done
+  # Real-time chunking's cost per denoise step (issue 35): off and trained replay the CUDA graph; guided runs eager,
+  # the exact product with one backward pass of the action expert per step.
+  row gpu_infer_pi0_rtc "$BUILD/bench_infer" --config configs/pi0_libero.yaml --device cuda --dtype bf16 \
+    --cameras 3 --iters $ITERS --cuda-graph on --rtc off,trained,guided-identity,guided-exact --rtc-delay 5 \
+    --json "$GOUT/gpu_infer_pi0_rtc.json"
   # pi0-serve on top of the pi0.5 model call: round trip, overhead, throughput with 1/4/8 clients (batching on).
   [ -x "$BUILD/bench_serve" ] && row gpu_serve_pi05 "$BUILD/bench_serve" --config configs/pi05_libero.yaml --device cuda \
     --dtype bf16 --cameras 1,3 --iters 30 --clients 1,4,8 --requests 10 --json "$GOUT/gpu_serve_pi05.json"

@@ -1,6 +1,9 @@
 // pi0-infer: runs an inference bundle (pi0-export) on an observation file and writes the predicted action chunk.
 //   pi0-infer --bundle DIR --obs obs.safetensors --out actions.safetensors [--prompt "..."]
 //             [--noise noise.safetensors] [--num-steps 10] [--device cpu|cuda[:N]] [--loss]
+//             [--rtc auto|guided|trained|off] [--rtc-jacobian identity|exact] [--rtc-schedule exp|...] ...
+// The observation file may carry the previous chunk of real-time chunking (prev_action_chunk, inference_delay,
+// execute_horizon), read as pi0-serve reads them from a request.
 // Observation keys (openpi names) and outputs: docs/formats.md, "Observation files for pi0-infer".
 // Flags and exit codes: pi0-infer --help.
 #include <cstdio>
@@ -30,6 +33,7 @@ using pi0::shape_str;
 struct Args {
   std::string bundle, obs, out, noise, device = "cpu", cuda_graph = "on", dtype;
   std::optional<std::string> prompt;
+  pi0::infer::RtcSettings rtc;
   int64_t num_steps = 10;
   bool loss = false;
 };
@@ -73,6 +77,7 @@ int infer_main(int argc, char** argv) {
   cli->add_option("--dtype", args.dtype,
                   "compute precision bf16 or f32 (default: the bundle's, i.e. bf16 for a bf16 export)")
     ->check(pi0::app::one_of({"bf16", "bfloat16", "f32", "float32"}));
+  pi0::app::add_rtc_options(*cli, args.rtc);
   if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
   const std::optional<torch::ScalarType> dtype = pi0::io::parse_compute_dtype(args.dtype);
   spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU
@@ -112,17 +117,33 @@ int infer_main(int argc, char** argv) {
   } else if (obs_tensors.count("noise")) {
     noise = float_of_shape(obs_tensors, "noise", args.obs, bha, bha_legend);
   }
+  auto file_tensor = [&](const std::string& key) {
+    auto it = obs_tensors.find(key);
+    return it == obs_tensors.end() ? torch::Tensor() : it->second;
+  };
+  pi0::model::RtcRequest rtc;
+  if (args.rtc.mode != "off") {  // off: the keys are ignored, as pi0-serve ignores them
+    const auto chunk = pi0::infer::previous_chunk(file_tensor("prev_action_chunk"), file_tensor("inference_delay"),
+                                                  file_tensor("execute_horizon"), B, args.obs);
+    rtc = pi0::infer::rtc_request(bundle, args.rtc, chunk, inputs.raw_state, args.obs);
+  }
   bundle.model->set_cuda_graph(args.cuda_graph == "on" && device.is_cuda());
   pi0::model::SampleTiming timing;
-  const auto predicted = pi0::infer::predict(bundle, inputs, noise, args.num_steps, &timing);
+  const auto predicted = pi0::infer::predict(bundle, inputs, noise, args.num_steps, &timing, &rtc);
   const auto& actions = predicted.actions;
   const auto& robot = predicted.robot_actions;
+  std::map<std::string, std::string> info = {{"num_steps", std::to_string(args.num_steps)}, {"bundle", args.bundle}};
+  if (rtc.mode != pi0::model::RtcMode::kOff) {
+    const std::string mode = pi0::model::to_string(rtc.mode);
+    std::printf("real-time chunking: %s, inference_delay %lld\n", mode.c_str(), static_cast<long long>(rtc.delay));
+    info["rtc"] = mode;
+    info["inference_delay"] = std::to_string(rtc.delay);
+  }
   std::printf("prefix pass: %.3f ms\n", timing.prefix_ms);
   for (size_t i = 0; i < timing.step_ms.size(); ++i)
     std::printf("denoise step %zu/%zu: %.3f ms\n", i + 1, timing.step_ms.size(), timing.step_ms[i]);
   std::printf("total: %.3f ms (batch %lld, %s)\n", timing.total_ms(), static_cast<long long>(B), device.str().c_str());
-  pi0::io::save_safetensors(args.out, {{"actions", actions}, {"actions_unnormalized", robot}},
-                            {{"num_steps", std::to_string(args.num_steps)}, {"bundle", args.bundle}});
+  pi0::io::save_safetensors(args.out, {{"actions", actions}, {"actions_unnormalized", robot}}, info);
   std::printf("wrote %s (actions %s, actions_unnormalized %s)\n", args.out.c_str(), shape_str(actions.sizes()).c_str(),
               shape_str(robot.sizes()).c_str());
   return 0;

@@ -1,6 +1,7 @@
 // pi0-serve: serves an inference bundle (pi0-export) to robot runtimes over openpi's websocket protocol.
 //   pi0-serve --bundle DIR [--host 0.0.0.0] [--port 8000] [--device cpu|cuda[:N]] [--robot libero|aloha|droid|raw]
-//             [--num-steps 10] [--dtype bf16|f32] [--api-key KEY] [--max-clients N] [--metadata key=json] ...
+//             [--num-steps 10] [--dtype bf16|f32] [--api-key KEY] [--max-clients N] [--metadata key=json]
+//             [--rtc auto|guided|trained|off] [--rtc-jacobian identity|exact] [--rtc-schedule exp|...] ...
 // Protocol, profiles and errors: docs/serving.md. Flags and exit codes: pi0-serve --help.
 #include <cstdlib>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include "pi0/common/check.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/common/threads.h"
+#include "pi0/infer/inference.h"
 #include "pi0/io/bundle.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/serve/policy.h"
@@ -26,6 +28,7 @@ struct Args {
   std::string bundle, host = "0.0.0.0", device = "cpu", robot = "libero", dtype, api_key, noise;
   std::optional<std::string> default_prompt;
   std::vector<std::string> metadata;
+  pi0::infer::RtcSettings rtc;
   int64_t port = 8000, num_steps = 10, max_clients = 64, max_batch = 0, io_threads = 2, max_frame_mb = 256;
 };
 
@@ -65,6 +68,7 @@ int serve_main(int argc, char** argv) {
   cli->add_option("--noise", args.noise,
                   "fixed initial noise [H,A] (key 'noise') for every request: deterministic answers (tests)")
       ->check(pi0::app::non_empty());
+  pi0::app::add_rtc_options(*cli, args.rtc);
   cli->footer("Exit codes: 0 stopped by SIGINT/SIGTERM, 1 internal error, 2 bad input (one line on stderr naming "
               "the flag or file).");
   if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
@@ -75,6 +79,7 @@ int serve_main(int argc, char** argv) {
   po.num_steps = args.num_steps;
   po.max_batch = args.max_batch;
   po.default_prompt = args.default_prompt;
+  po.rtc = args.rtc;
   for (const auto& m : args.metadata) {
     auto [key, value] = pi0::serve::parse_metadata_flag(m);
     po.metadata[key] = value;

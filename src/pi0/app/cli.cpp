@@ -2,6 +2,7 @@
 
 #include <torch/version.h>
 
+#include <cmath>
 #include <iostream>
 #include <system_error>
 
@@ -9,6 +10,7 @@
 #include "pi0/common/check.h"
 #include "pi0/common/logging.h"
 #include "pi0/distributed/process_group.h"
+#include "pi0/infer/inference.h"
 #include "pi0/train/trainer.h"
 
 #ifndef PI0_VERSION
@@ -133,6 +135,51 @@ CLI::Validator one_of(std::vector<std::string> choices) {
 CLI::Validator non_empty() {
   return CLI::Validator([](std::string& v) -> std::string { return v.empty() ? "got '', expected a value" : ""; },
                         "", "non_empty");
+}
+
+CLI::Validator positive_number() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        try {
+          size_t used = 0;
+          const double x = std::stod(v, &used);
+          if (used == v.size() && std::isfinite(x) && x > 0) return "";
+        } catch (const std::exception&) {
+        }
+        return "got '" + v + "', expected a number > 0";
+      },
+      "NUMBER", "positive_number");
+}
+
+void add_rtc_options(CLI::App& parser, infer::RtcSettings& settings) {
+  using model::RtcJacobian;
+  using model::RtcSchedule;
+  parser
+      .add_option("--rtc", settings.mode,
+                  "real-time chunking of requests that carry prev_action_chunk: auto (trained when the bundle was "
+                  "trained for the delay, else guided), guided, trained or off")
+      ->check(one_of({"auto", "guided", "trained", "off"}));
+  auto& g = settings.guidance;
+  std::vector<std::string> jacobians, schedules;
+  for (auto j : {RtcJacobian::kIdentity, RtcJacobian::kExact}) jacobians.push_back(model::to_string(j));
+  for (auto s : {RtcSchedule::kExp, RtcSchedule::kLinear, RtcSchedule::kOnes, RtcSchedule::kZeros})
+    schedules.push_back(model::to_string(s));
+  // The validators run before the callbacks, so the parse_rtc_* calls never throw.
+  parser
+      .add_option_function<std::string>(
+          "--rtc-jacobian", [&g](const std::string& v) { g.jacobian = model::parse_rtc_jacobian(v, "--rtc-jacobian"); },
+          "guided mode's correction: identity (no backward pass) or exact (one backward pass of the action expert "
+          "per step)")
+      ->check(one_of(jacobians))
+      ->default_str(model::to_string(g.jacobian));
+  parser
+      .add_option_function<std::string>(
+          "--rtc-schedule", [&g](const std::string& v) { g.schedule = model::parse_rtc_schedule(v, "--rtc-schedule"); },
+          "guided mode's weights of the previous chunk's rows between inference_delay and execute_horizon")
+      ->check(one_of(schedules))
+      ->default_str(model::to_string(g.schedule));
+  parser.add_option("--rtc-max-weight", g.max_weight, "guided mode's largest guidance weight (beta)")
+      ->check(positive_number());
 }
 
 CLI::Option* add_config_overrides(CLI::App& parser, std::vector<std::string>& overrides) {

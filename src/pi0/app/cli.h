@@ -14,6 +14,10 @@
 #include <CLI/CLI.hpp>
 #include <c10/core/Device.h>
 
+namespace pi0::infer {
+struct RtcSettings;
+}
+
 namespace pi0::app {
 
 /// Exit codes of every pi0 program (docs/troubleshooting.md, "Exit codes").
@@ -45,10 +49,17 @@ CLI::Validator int_in(int64_t lo, int64_t hi = std::numeric_limits<int64_t>::max
 CLI::Validator one_of(std::vector<std::string> choices);
 /// Anything but the empty string (paths: an empty value would silently mean "not given").
 CLI::Validator non_empty();
+/// A finite number > 0.
+CLI::Validator positive_number();
 
 /// The config override flag of pi0-train and pi0-norm-stats: `--set section.key=value`, one assignment per
 /// occurrence, repeatable (config::load_config applies them in order).
 CLI::Option* add_config_overrides(CLI::App& parser, std::vector<std::string>& overrides);
+
+/// The real-time chunking flags of pi0-infer and pi0-serve, parsed into `settings` (docs/serving.md): --rtc
+/// auto|guided|trained|off, --rtc-jacobian identity|exact, --rtc-schedule exp|linear|ones|zeros, --rtc-max-weight
+/// BETA (> 0). Their defaults are RtcSettings' own.
+void add_rtc_options(CLI::App& parser, infer::RtcSettings& settings);
 
 /// `value` of `flag` as a device: cpu, cuda or cuda:N, usable on this machine (UserError otherwise).
 c10::Device parse_device(const std::string& flag, const std::string& value);

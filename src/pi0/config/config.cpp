@@ -543,6 +543,13 @@ void validate(const Config& c) {
   require(t.log_interval > 0, "train.log_interval", t.log_interval, "> 0");
   require(t.metrics_interval >= 0, "train.metrics_interval", t.metrics_interval, ">= 0 (0 = log_interval)");
   require(t.num_threads >= 0, "train.num_threads", t.num_threads, ">= 0 (0 = OMP_NUM_THREADS or all cores)");
+  // The delay leaves at least one position in the loss and one row for the robot to continue at.
+  require(t.rtc_max_delay >= 0 && t.rtc_max_delay < c.model.action_horizon, "train.rtc_max_delay", t.rtc_max_delay,
+          "in 0.." + std::to_string(c.model.action_horizon - 1) + " (below model.action_horizon; 0 = off)");
+  require(t.rtc_delay_distribution == "uniform" || t.rtc_delay_distribution == "exp", "train.rtc_delay_distribution",
+          "'" + t.rtc_delay_distribution + "'", "uniform or exp");
+  require(t.rtc_delay_exp_rate > 0 && std::isfinite(t.rtc_delay_exp_rate), "train.rtc_delay_exp_rate",
+          t.rtc_delay_exp_rate, "a finite number > 0");
   const auto& k = c.checkpoint;
   require(!k.run_dir.empty(), "checkpoint.run_dir", "''", "a directory path");
   require_plain_path("checkpoint.run_dir", k.run_dir);

@@ -173,6 +173,9 @@ struct TrainConfig {
   int64_t log_interval = 100;
   int64_t metrics_interval = 0;
   int64_t num_threads = 0;
+  int64_t rtc_max_delay = 0;
+  std::string rtc_delay_distribution = "uniform";
+  double rtc_delay_exp_rate = 0.5;
 
   template <class V>
   void visit(V& v) {
@@ -202,6 +205,9 @@ struct TrainConfig {
     v("log_interval", log_interval, "steps between progress lines (and metrics records unless metrics_interval is set)");
     v("metrics_interval", metrics_interval, "steps between metrics.jsonl records, each the mean over its steps; 0 = log_interval");
     v("num_threads", num_threads, "CPU threads of ATen, OpenMP and the BLAS together; 0 = OMP_NUM_THREADS, else every CPU this process may use (affinity-aware)");
+    v("rtc_max_delay", rtc_max_delay, "training-time real-time chunking: each example's first d actions (d drawn in 0..rtc_max_delay) enter clean (t = 0) and leave the loss, so the model learns to continue a committed prefix; serve with --rtc trained for delays up to this. 0 = off (openpi's training). See docs/serving.md");
+    v("rtc_delay_distribution", rtc_delay_distribution, "how d is drawn when rtc_max_delay > 0: uniform (as LeRobot and OpenTau) | exp (P(d) proportional to exp(-rtc_delay_exp_rate * d): short delays more often)");
+    v("rtc_delay_exp_rate", rtc_delay_exp_rate, "decay rate of rtc_delay_distribution: exp, per action step");
   }
 };
 

@@ -21,14 +21,20 @@ std::string camera_list() {
 
 }  // namespace
 
-// Every key read here or by pi0-infer (noise; actions and time with --loss).
+// Every key read here or by pi0-infer (noise; actions and time with --loss; a previous chunk).
 const std::vector<std::string>& observation_keys() {
   static const std::vector<std::string> keys = [] {
     std::vector<std::string> k = {"state", "tokenized_prompt", "tokenized_prompt_mask", "noise", "actions", "time"};
     for (const auto& cam : model::kCameraNames) k.push_back("image/" + cam);
     for (const auto& cam : model::kCameraNames) k.push_back("image_mask/" + cam);
+    for (const auto& key : previous_chunk_keys()) k.push_back(key);
     return k;
   }();
+  return keys;
+}
+
+const std::vector<std::string>& previous_chunk_keys() {
+  static const std::vector<std::string> keys = {"prev_action_chunk", "inference_delay", "execute_horizon"};
   return keys;
 }
 
@@ -58,7 +64,8 @@ void check_keys(const std::map<std::string, torch::Tensor>& tensors, const std::
     const std::string guess = did_you_mean(key, known);
     throw UserError(source + ": unknown key " + quote_value(key, 80) +
                     (guess.empty() ? "" : " (did you mean '" + guess + "'?)") + ", expected one of state, image/<camera>, "
-                    "image_mask/<camera>, tokenized_prompt, tokenized_prompt_mask, noise, actions, time with <camera> one of " +
+                    "image_mask/<camera>, tokenized_prompt, tokenized_prompt_mask, noise, actions, time, prev_action_chunk, "
+                    "inference_delay, execute_horizon with <camera> one of " +
                     camera_list());
   }
 }

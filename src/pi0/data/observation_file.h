@@ -35,8 +35,12 @@ struct InferenceInputs {
 };
 
 /// Every key an observation may hold: state, image/<camera>, image_mask/<camera>, tokenized_prompt,
-/// tokenized_prompt_mask, and pi0-infer's noise, actions, time (read by the app, not here).
+/// tokenized_prompt_mask, pi0-infer's noise, actions, time, and previous_chunk_keys() (read by the app, not here).
 const std::vector<std::string>& observation_keys();
+
+/// Real-time chunking's keys: prev_action_chunk, inference_delay, execute_horizon (infer::previous_chunk reads
+/// them, for pi0-infer's observation file and pi0-serve's requests in every robot profile).
+const std::vector<std::string>& previous_chunk_keys();
 
 /// Builds the model's observation from `tensors`: images resized with padding to the model's size, absent cameras
 /// zero and masked out, state normalized with the stats (and shown to the tokenizer in pi0.5's discrete-state

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <vector>
 
+#include "pi0/common/check.h"
+#include "pi0/common/shape_str.h"
 #include "pi0/data/aloha.h"
 #include "pi0/data/transforms.h"
 
@@ -40,21 +43,166 @@ torch::Tensor robot_actions(const io::Bundle& bundle, const torch::Tensor& actio
   return a.contiguous();
 }
 
+torch::Tensor model_actions(const io::Bundle& bundle, const torch::Tensor& robot_BRD, const torch::Tensor& raw_state_BS,
+                            const std::string& source) {
+  const auto& t = bundle.transform;
+  const auto mode = t.norm_mode();
+  const int64_t model_dim = bundle.config.model.action_dim;
+  torch::Tensor a = robot_BRD.to(torch::kCPU, torch::kFloat32);
+  if (a.dim() != 3) throw UserError(source + ": prev_action_chunk must be [rows, dims] (or [batch, rows, dims])");
+  if (mode != data::NormMode::kNone) {
+    const int64_t dims = static_cast<int64_t>(bundle.norm_stats.at("actions").mean.size());
+    // A robot may be served fewer dims than the policy predicts (its profile's): the others stay 0 in model space.
+    if (a.size(-1) > dims)
+      throw UserError(source + ": prev_action_chunk has " + std::to_string(a.size(-1)) + " dims per row; this policy's actions have " +
+                      std::to_string(dims) + " (send the rows as it returned them)");
+  }
+  if (bundle.config.data.dataset.adapt_to_pi_enabled()) a = data::aloha_actions_to_pi(a, source + ": prev_action_chunk");
+  if (!t.delta_action_mask.empty()) {
+    std::vector<torch::Tensor> per;
+    for (int64_t b = 0; b < a.size(0); ++b)
+      per.push_back(data::delta_actions(a[b], raw_state_BS[b].to(torch::kFloat32), t.delta_action_mask,
+                                        source + ": prev_action_chunk"));
+    a = torch::stack(per);
+  }
+  if (mode != data::NormMode::kNone)
+    a = data::normalize(a, bundle.norm_stats.at("actions"), mode, source + ": prev_action_chunk");
+  if (a.size(-1) > model_dim)
+    throw UserError(source + ": prev_action_chunk has " + std::to_string(a.size(-1)) + " dims per row; the model takes at most " +
+                    std::to_string(model_dim));
+  return data::pad_last_dim(a, model_dim).contiguous();
+}
+
+void check_rtc_mode_flag(const std::string& value, const std::string& flag) {
+  if (value != "auto" && value != "guided" && value != "trained" && value != "off")
+    throw UserError(flag + ": got '" + value + "', expected auto, guided, trained or off");
+}
+
+int64_t trained_max_delay(const io::Bundle& bundle) { return bundle.config.train.rtc_max_delay; }
+
+namespace {
+
+std::string dtype_str(const torch::Tensor& t) { return c10::toString(t.scalar_type()); }
+
+// A count sent as an int, 0-d or of one element; a float with no fraction is taken too (a client's np.round() of
+// latency × rate gives one).
+int64_t whole_number(const torch::Tensor& t, const std::string& key, const std::string& source) {
+  const std::string expected = "expected a whole number (an int, 0-d or of one element)";
+  if (t.numel() != 1 || t.dim() > 1 || t.scalar_type() == torch::kBool || t.is_complex())
+    throw UserError(source + ": '" + key + "' has shape " + shape_str(t.sizes()) + " and dtype " + dtype_str(t) + ", " +
+                    expected);
+  if (!t.is_floating_point()) return t.reshape({}).item<int64_t>();
+  const double v = t.reshape({}).item<double>();
+  // Beyond 2^53 a double holds no fractions; such counts are far beyond any horizon anyway.
+  if (!(std::isfinite(v) && v == std::round(v) && std::abs(v) < 9.0e15))
+    throw UserError(source + ": '" + key + "' is " + c10::str(v) + ", " + expected);
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+PreviousChunk previous_chunk(const torch::Tensor& prev_action_chunk, const torch::Tensor& inference_delay,
+                             const torch::Tensor& execute_horizon, int64_t batch, const std::string& source) {
+  PreviousChunk chunk;
+  if (inference_delay.defined()) chunk.delay = whole_number(inference_delay, "inference_delay", source);
+  if (execute_horizon.defined()) chunk.execute_horizon = whole_number(execute_horizon, "execute_horizon", source);
+  if (!prev_action_chunk.defined()) return chunk;
+  const auto& t = prev_action_chunk;
+  const bool numbers = t.scalar_type() != torch::kBool && !t.is_complex();
+  const bool shaped = (t.dim() == 2 && batch == 1) || (t.dim() == 3 && t.size(0) == batch);
+  if (!numbers || !shaped || t.size(-1) < 1)
+    throw UserError(source + ": 'prev_action_chunk' has shape " + shape_str(t.sizes()) + " and dtype " + dtype_str(t) +
+                    ", expected numbers " +
+                    (batch == 1 ? std::string("[R,D] (or [1,R,D])") : "[B,R,D] with B = " + std::to_string(batch)) +
+                    ": the rows of the last answer not yet executed, as they were returned");
+  data::check_finite(t, source + ": 'prev_action_chunk'");
+  chunk.robot_rows = (t.dim() == 2 ? t.unsqueeze(0) : t).to(torch::kFloat32).contiguous();
+  return chunk;
+}
+
+model::RtcRequest rtc_request(const io::Bundle& bundle, const RtcSettings& settings, const PreviousChunk& chunk,
+                              const torch::Tensor& raw_state_BS, const std::string& source) {
+  model::RtcRequest r;
+  r.guidance = settings.guidance;
+  r.delay = chunk.delay;
+  r.execute_horizon = chunk.execute_horizon;
+  if (settings.mode == "off") return r;  // mode stays off: plain sampling
+  if (!chunk.robot_rows.defined()) {
+    if (chunk.delay != 0)
+      throw UserError(source + ": inference_delay is " + std::to_string(chunk.delay) +
+                      " but no prev_action_chunk was given; expected the rows it counts (or no inference_delay)");
+    return r;
+  }
+  const int64_t h = bundle.config.model.action_horizon;
+  const auto& rows = chunk.robot_rows;
+  if (rows.dim() != 3 || rows.size(1) == 0)
+    throw UserError(source + ": prev_action_chunk must hold at least one row of actions");
+  if (!torch::isfinite(rows.to(torch::kFloat32)).all().item<bool>())
+    throw UserError(source + ": prev_action_chunk holds a non-finite value (NaN or inf)");
+  if (chunk.delay < 0 || chunk.delay > rows.size(1))
+    throw UserError(source + ": inference_delay is " + std::to_string(chunk.delay) + "; expected 0.." +
+                    std::to_string(rows.size(1)) + " (the rows of prev_action_chunk)");
+  if (rows.size(1) > h)
+    throw UserError(source + ": prev_action_chunk has " + std::to_string(rows.size(1)) + " rows; at most the action horizon (" +
+                    std::to_string(h) + ")");
+  if (chunk.execute_horizon != -1 && (chunk.execute_horizon < chunk.delay || chunk.execute_horizon > h))
+    throw UserError(source + ": execute_horizon is " + std::to_string(chunk.execute_horizon) + "; expected " +
+                    std::to_string(chunk.delay) + ".." + std::to_string(h) + " (from inference_delay to the horizon)");
+  const int64_t trained = trained_max_delay(bundle);
+  if (settings.mode == "trained") {
+    if (chunk.delay > trained)
+      throw UserError(source + ": inference_delay " + std::to_string(chunk.delay) + " is beyond what this policy was trained for (train.rtc_max_delay " +
+                      std::to_string(trained) + "); serve with --rtc auto or guided");
+    r.mode = model::RtcMode::kTrained;
+  } else if (settings.mode == "guided") {
+    r.mode = model::RtcMode::kGuided;
+  } else {
+    // At d = 0 trained mode commits nothing (it is plain sampling); guidance still pulls the soft region towards
+    // the previous rows, so the seam stays smooth.
+    r.mode = chunk.delay > 0 && chunk.delay <= trained ? model::RtcMode::kTrained : model::RtcMode::kGuided;
+  }
+  r.prev = model_actions(bundle, rows, raw_state_BS, source);
+  model::check_rtc_request(r, h, bundle.config.model.action_dim, source);
+  return r;
+}
+
+nlohmann::json rtc_metadata(const io::Bundle& bundle, const RtcSettings& settings) {
+  const int64_t trained = trained_max_delay(bundle);
+  nlohmann::json modes = nlohmann::json::array();
+  if (settings.mode != "off") {
+    if (settings.mode != "trained") modes.push_back("guided");
+    if (trained > 0 && settings.mode != "guided") modes.push_back("trained");
+  }
+  return {{"modes", modes},
+          {"default", settings.mode},
+          {"trained_max_delay", trained},
+          {"guided",
+           {{"jacobian", model::to_string(settings.guidance.jacobian)},
+            {"schedule", model::to_string(settings.guidance.schedule)},
+            {"max_guidance_weight", settings.guidance.max_weight}}},
+          {"keys", data::previous_chunk_keys()}};
+}
+
 torch::Device model_device(const io::Bundle& bundle) {
   for (const auto& p : bundle.model->parameters()) return p.device();
   return torch::kCPU;
 }
 
 Prediction predict(io::Bundle& bundle, const InferenceInputs& inputs, const std::optional<torch::Tensor>& noise,
-                   int64_t num_steps, model::SampleTiming* timing) {
+                   int64_t num_steps, model::SampleTiming* timing, const model::RtcRequest* rtc) {
   const torch::Device device = model_device(bundle);
   std::optional<torch::Tensor> noise_on_device;
   if (noise) noise_on_device = noise->to(device);
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   Prediction out;
+  std::optional<model::RtcRequest> rtc_on_device;
+  if (rtc && rtc->active()) {
+    rtc_on_device = *rtc;
+    rtc_on_device->prev = rtc->prev.to(device);
+  }
   out.actions = bundle.model->sample_actions(inputs.observation.to(device), noise_on_device, num_steps,
-                                             /*use_kv_cache=*/true, timing);
+                                             /*use_kv_cache=*/true, timing, rtc_on_device ? &*rtc_on_device : nullptr);
   out.actions = out.actions.to(torch::kCPU, torch::kFloat32).contiguous();
   out.model_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   out.robot_actions = robot_actions(bundle, out.actions, inputs.raw_state);

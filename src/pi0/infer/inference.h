@@ -14,11 +14,13 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "pi0/data/observation_file.h"
 #include "pi0/io/bundle.h"
 #include "pi0/model/pi0.h"
+#include "pi0/model/rtc.h"
 
 namespace pi0::data {
 class Tokenizer;
@@ -41,6 +43,51 @@ InferenceInputs make_inputs(const io::Bundle& bundle, const std::map<std::string
 torch::Tensor robot_actions(const io::Bundle& bundle, const torch::Tensor& actions_BHA,
                             const torch::Tensor& raw_state_BS);
 
+/// Robot actions [B,R,D] (rows of an earlier answer, as robot_actions() gave them) → model space [B,R,A]: the inverse
+/// of robot_actions — ALOHA's convention back to pi0's, delta actions re-anchored to `raw_state_BS` (the state of
+/// the observation being answered, so the rows become deltas from where the robot is now), normalized with the
+/// bundle's stats, zero-padded to the model's action dim. UserError naming `source` for a wrong width.
+torch::Tensor model_actions(const io::Bundle& bundle, const torch::Tensor& robot_BRD, const torch::Tensor& raw_state_BS,
+                            const std::string& source);
+
+/// Real-time chunking settings of pi0-infer and pi0-serve (their --rtc* flags; docs/serving.md).
+struct RtcSettings {
+  std::string mode = "auto";  ///< auto (trained when the bundle was trained for the asked delay d > 0, else guided) |
+                              ///< guided | trained | off
+  model::RtcGuidance guidance;
+};
+/// --rtc's value checked: auto, guided, trained or off (UserError naming `flag` otherwise).
+void check_rtc_mode_flag(const std::string& value, const std::string& flag);
+
+/// The largest delay the bundle's model was trained to continue (its config's train.rtc_max_delay; 0: none).
+int64_t trained_max_delay(const io::Bundle& bundle);
+
+/// A previous chunk as a robot sends it: the rows of the last answer it has not executed when it captured this
+/// observation (robot units, row 0 next), how many of them execute before this answer arrives, and the end of
+/// guided mode's soft region (−1: all rows given).
+struct PreviousChunk {
+  torch::Tensor robot_rows;  ///< [B,R,D] float32
+  int64_t delay = 0;
+  int64_t execute_horizon = -1;
+};
+
+/// A PreviousChunk from the tensors of an observation's data::previous_chunk_keys() (undefined: the key is absent):
+/// `prev_action_chunk` numbers [R,D] (a batch of 1) or [batch,R,D]; `inference_delay` (absent: 0) and
+/// `execute_horizon` (absent: −1) whole numbers, 0-d or of one element. UserError starting with `source` and naming the key for a wrong shape or type or a
+/// non-finite row; the values against each other, the horizon and the policy are rtc_request's to check.
+PreviousChunk previous_chunk(const torch::Tensor& prev_action_chunk, const torch::Tensor& inference_delay,
+                             const torch::Tensor& execute_horizon, int64_t batch, const std::string& source);
+
+/// The model's request for `chunk` under `settings`: checked (UserError naming `source`: wrong dims, non-finite
+/// rows, a delay beyond the rows or the horizon, trained mode beyond the bundle's trained delay), mapped to model
+/// space with `raw_state_BS`, its mode resolved (auto: trained when trained_max_delay ≥ delay > 0, else guided).
+model::RtcRequest rtc_request(const io::Bundle& bundle, const RtcSettings& settings, const PreviousChunk& chunk,
+                              const torch::Tensor& raw_state_BS, const std::string& source);
+
+/// What a server announces: {"modes": [...], "default": mode, "trained_max_delay": D, "guided": {"jacobian",
+/// "schedule", "max_guidance_weight"}, "keys": [observation keys read]}.
+nlohmann::json rtc_metadata(const io::Bundle& bundle, const RtcSettings& settings);
+
 /// One action chunk, as the model gave it and as the robot takes it.
 struct Prediction {
   torch::Tensor actions;        ///< [B,H,A] float32, contiguous, on the CPU: sample_actions' output (model space)
@@ -55,7 +102,8 @@ torch::Device model_device(const io::Bundle& bundle);
 /// sample_actions with `num_steps` Euler steps and the prefix KV cache, from `noise` [B,H,A] (any device; nullopt:
 /// drawn by the model), then robot_actions(). `timing`: per-step times of sample_actions (model/pi0.h). The
 /// bundle is not const: sampling may capture a CUDA graph in its model (Pi0Impl::set_cuda_graph).
+/// `rtc` (rtc_request's, with the same batch as `inputs`): real-time chunking; null or inactive: plain sampling.
 Prediction predict(io::Bundle& bundle, const InferenceInputs& inputs, const std::optional<torch::Tensor>& noise,
-                   int64_t num_steps, model::SampleTiming* timing = nullptr);
+                   int64_t num_steps, model::SampleTiming* timing = nullptr, const model::RtcRequest* rtc = nullptr);
 
 }  // namespace pi0::infer

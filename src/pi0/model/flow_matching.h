@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include <torch/torch.h>
 
@@ -19,5 +20,20 @@ namespace pi0::model {
 torch::Tensor sample_flow_time(int64_t n, const torch::TensorOptions& options,
                                const std::optional<at::Generator>& generator = std::nullopt, int64_t first = 0,
                                int64_t count = -1);
+
+/// Training-time real-time chunking's delays d ∈ {0, …, max_delay} (int64): "uniform" (LeRobot, OpenTau) or
+/// "exp", P(d) ∝ exp(−exp_rate·d). Drawn by inversion from `n` float64 uniforms of `generator` (else the default
+/// generator of `options`' device), rows [first, first + count) kept, as sample_flow_time.
+torch::Tensor sample_rtc_delays(int64_t n, int64_t max_delay, const std::string& distribution, double exp_rate,
+                                const torch::TensorOptions& options,
+                                const std::optional<at::Generator>& generator = std::nullopt, int64_t first = 0,
+                                int64_t count = -1);
+
+/// Per-token times [B,H]: 0 (clean: the committed actions enter as recorded) for rows below each example's delay,
+/// its flow time [B] after them.
+torch::Tensor rtc_token_time(const torch::Tensor& time, const torch::Tensor& delays, int64_t horizon);
+
+/// [B,H] float mask of the positions that count in the loss under those delays (rows ≥ d).
+torch::Tensor rtc_loss_mask(const torch::Tensor& delays, int64_t horizon, const torch::TensorOptions& options);
 
 }  // namespace pi0::model

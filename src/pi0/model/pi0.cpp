@@ -304,7 +304,10 @@ Pi0Impl::Embedded Pi0Impl::embed_suffix(const torch::Tensor& state, const torch:
   const int64_t b = x_t.size(0), h = x_t.size(1), we = options_.action_expert.width;
   // Projections run in float32 as in the reference (f32 kernels fed f32 inputs).
   auto action_tokens = action_in_proj->forward(nn::upcast(x_t));  // [B,H,We]
-  auto time_emb = nn::posemb_sincos(time.to(nn::upcast(x_t).scalar_type()), we);  // [B,We]
+  PI0_CHECK(time.dim() == 1 || (time.dim() == 2 && time.size(1) == h), "time must be [B] or [B,", h, "], got ",
+            time.sizes());
+  const bool per_token = time.dim() == 2;
+  auto time_emb = nn::posemb_sincos(time.to(nn::upcast(x_t).scalar_type()), we);  // [B,We] or [B,H,We]
   auto bool_opts = torch::TensorOptions().dtype(torch::kBool).device(x_t.device());
   Embedded out;
   if (options_.pi05) {
@@ -312,7 +315,7 @@ Pi0Impl::Embedded Pi0Impl::embed_suffix(const torch::Tensor& state, const torch:
     out.embs = action_tokens;
   } else {
     auto state_token = state_proj->forward(state.to(time_emb.scalar_type())).unsqueeze(1);  // [B,1,We]
-    auto mixed = torch::cat({action_tokens, time_emb.unsqueeze(1).expand({b, h, we})}, -1);
+    auto mixed = torch::cat({action_tokens, per_token ? time_emb : time_emb.unsqueeze(1).expand({b, h, we})}, -1);
     auto action_time = action_time_mlp_out->forward(torch::silu(action_time_mlp_in->forward(mixed)));
     out.embs = torch::cat({state_token, action_time}, 1);
   }
@@ -365,7 +368,9 @@ torch::Tensor Pi0Impl::compute_loss(const Observation& obs, const torch::Tensor&
   auto a = nn::upcast(actions);
   auto eps = noise ? noise->to(a.scalar_type()) : torch::randn_like(a);
   auto t = time ? time->to(a.scalar_type()) : sample_flow_time(b, a.options());
-  auto t3 = t.view({b, 1, 1});
+  PI0_CHECK(t.dim() == 1 || (t.dim() == 2 && t.size(1) == options_.action_horizon), "time must be [B] or [B,H], got ",
+            t.sizes());
+  auto t3 = t.dim() == 1 ? t.view({b, 1, 1}) : t.unsqueeze(-1);
   auto x_t = t3 * eps + (1.0 - t3) * a;
   auto u_t = eps - a;
   auto prefix = embed_prefix(obs);
@@ -408,36 +413,46 @@ struct Pi0Impl::GraphCache {
     at::cuda::CUDAGraph graph;
     KVCache cache;
     torch::Tensor pad_mask, state, x_in, x_out;
+    torch::Tensor prefix, mask;  // real-time chunking's trained mode: the committed rows and their mask
   };
-  // batch, prefix tokens, steps, compute dtype, device index, attention path
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, bool>;
+  // batch, prefix tokens, steps, compute dtype, device index, attention path, trained real-time chunking
+  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, bool, bool>;
   std::map<Key, std::unique_ptr<Entry>> entries;
 #endif
 };
 
 Pi0Impl::~Pi0Impl() = default;
 
-torch::Tensor Pi0Impl::denoise(const KVCache& cache, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
-                               torch::Tensor x, int64_t num_steps, const std::function<void()>& after_step) {
-  auto& pwe = *paligemma_with_expert;
+torch::Tensor Pi0Impl::velocity_cached(const KVCache& cache, const torch::Tensor& prefix_pad_mask,
+                                       const torch::Tensor& state, const torch::Tensor& x, const torch::Tensor& time) {
   const int64_t b = x.size(0), h = options_.action_horizon, tp = prefix_pad_mask.size(1);
-  auto f32 = torch::TensorOptions().dtype(x.scalar_type()).device(x.device());
-  // Suffix positions continue after the prefix's valid tokens; the offset is fixed for all steps.
+  auto suffix = embed_suffix(state, x, time);
+  const int64_t ts = suffix.embs.size(1);
+  auto mask = torch::cat({prefix_pad_mask.unsqueeze(1).expand({b, ts, tp}),
+                          nn::make_attn_mask(suffix.pad_mask, suffix.ar_mask)},
+                         2);
+  // Suffix positions continue after the prefix's valid tokens.
   const auto prefix_len = prefix_pad_mask.to(torch::kLong).sum(1, /*keepdim=*/true);
+  auto positions = prefix_len + suffix.pad_mask.to(torch::kLong).cumsum(1) - 1;
+  auto out = paligemma_with_expert->forward(torch::Tensor(), suffix.embs, attention_mask_for(mask, suffix.embs),
+                                            positions, suffix.cond, &cache, nullptr, 0);
+  return action_out_proj->forward(nn::upcast(out.suffix.narrow(1, ts - h, h)));
+}
+
+torch::Tensor Pi0Impl::denoise(const KVCache& cache, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
+                               torch::Tensor x, int64_t num_steps, const std::function<void()>& after_step,
+                               const torch::Tensor& trained_prefix, const torch::Tensor& trained_mask) {
+  const int64_t b = x.size(0);
+  auto f32 = torch::TensorOptions().dtype(x.scalar_type()).device(x.device());
+  const auto velocity = [&](const torch::Tensor& x_t, const torch::Tensor& time) {
+    return velocity_cached(cache, prefix_pad_mask, state, x_t, time);
+  };
+  if (trained_prefix.defined()) return rtc_sample_trained(velocity, x, num_steps, trained_prefix, trained_mask, after_step);
   // Time advances in float32 like the reference's `t + dt` loop.
   const float dt = -1.0f / static_cast<float>(num_steps);
   float t = 1.0f;
   for (int64_t step = 0; step < num_steps; ++step) {
-    auto suffix = embed_suffix(state, x, torch::full({b}, t, f32));
-    const int64_t ts = suffix.embs.size(1);
-    auto mask = torch::cat({prefix_pad_mask.unsqueeze(1).expand({b, ts, tp}),
-                            nn::make_attn_mask(suffix.pad_mask, suffix.ar_mask)},
-                           2);
-    auto positions = prefix_len + suffix.pad_mask.to(torch::kLong).cumsum(1) - 1;
-    auto out = pwe.forward(torch::Tensor(), suffix.embs, attention_mask_for(mask, suffix.embs), positions,
-                           suffix.cond, &cache, nullptr, 0);
-    auto v = action_out_proj->forward(nn::upcast(out.suffix.narrow(1, ts - h, h)));
-    x = x + dt * v;
+    x = x + dt * velocity(x, torch::full({b}, t, f32));
     t += dt;
     if (after_step) after_step();
   }
@@ -445,8 +460,15 @@ torch::Tensor Pi0Impl::denoise(const KVCache& cache, const torch::Tensor& prefix
 }
 
 torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torch::Tensor> noise, int64_t num_steps,
-                                      bool use_kv_cache, SampleTiming* timing) {
+                                      bool use_kv_cache, SampleTiming* timing, const RtcRequest* rtc) {
   PI0_CHECK(num_steps > 0, "num_steps must be positive");
+  if (rtc && !rtc->active()) rtc = nullptr;
+  if (rtc) {
+    PI0_CHECK(use_kv_cache, "real-time chunking samples with the prefix KV cache");
+    check_rtc_request(*rtc, options_.action_horizon, options_.action_dim, "sample_actions");
+    PI0_CHECK(rtc->prev.size(0) == obs.batch_size(), "prev_action_chunk has batch ", rtc->prev.size(0),
+              ", the observation ", obs.batch_size());
+  }
   torch::NoGradGuard no_grad;
   const int64_t b = obs.batch_size(), h = options_.action_horizon;
   const auto acc = compute_dtype_ == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
@@ -484,11 +506,29 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
     return x;
   }
   const auto state = obs.state.to(f32);
+  torch::Tensor trained_prefix, trained_mask;
+  if (rtc && rtc->mode == RtcMode::kTrained) std::tie(trained_prefix, trained_mask) = rtc_trained_prefix(*rtc, h, f32);
+  std::function<void()> after_step;
+  if (timing) {
+    after_step = [&] {
+      timing->step_ms.push_back(elapsed_ms(clock, device));
+      clock = std::chrono::steady_clock::now();
+    };
+  }
+  if (rtc && rtc->mode == RtcMode::kGuided) {  // eager: the exact product's backward pass is not captured
+    RtcRequest on_device = *rtc;
+    on_device.prev = rtc->prev.to(f32);
+    const auto velocity = [&](const torch::Tensor& x_t, const torch::Tensor& time) {
+      return velocity_cached(cache, prefix.pad_mask, state, x_t, time);
+    };
+    return rtc_sample(velocity, x, num_steps, on_device, after_step);
+  }
 #if PI0_HAVE_CUDA_GRAPH
   if (cuda_graph_ && device.is_cuda()) {
     if (!graphs_) graphs_ = std::make_unique<GraphCache>();
+    const bool trained = trained_prefix.defined();
     const GraphCache::Key key{b, prefix.pad_mask.size(1), num_steps, static_cast<int>(compute_dtype_),
-                              device.index(), uses_sdpa(device)};
+                              device.index(), uses_sdpa(device), trained};
     auto& slot = graphs_->entries[key];
     const bool fresh = !slot;
     if (fresh) {  // the graph's fixed input buffers
@@ -500,7 +540,9 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
       slot->pad_mask = torch::empty_like(prefix.pad_mask);
       slot->state = torch::empty_like(state);
       slot->x_in = torch::empty_like(x);
+      if (trained) slot->prefix = torch::empty_like(trained_prefix), slot->mask = torch::empty_like(trained_mask);
     }
+    if (trained) slot->prefix.copy_(trained_prefix), slot->mask.copy_(trained_mask);
     for (size_t l = 0; l < cache.k.size(); ++l) {
       slot->cache.k[l].copy_(cache.k[l]);
       slot->cache.v[l].copy_(cache.v[l]);
@@ -515,10 +557,11 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
       stream.synchronize();
       c10::cuda::CUDAStreamGuard guard(stream);
       torch::cuda::synchronize(device.index());
-      denoise(slot->cache, slot->pad_mask, slot->state, slot->x_in, num_steps);
+      denoise(slot->cache, slot->pad_mask, slot->state, slot->x_in, num_steps, {}, slot->prefix, slot->mask);
       stream.synchronize();
       slot->graph.capture_begin();
-      slot->x_out = denoise(slot->cache, slot->pad_mask, slot->state, slot->x_in, num_steps);
+      slot->x_out = denoise(slot->cache, slot->pad_mask, slot->state, slot->x_in, num_steps, {}, slot->prefix,
+                            slot->mask);
       slot->graph.capture_end();
       stream.synchronize();
     }
@@ -531,11 +574,7 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
     return x;
   }
 #endif
-  if (!timing) return denoise(cache, prefix.pad_mask, state, x, num_steps);
-  return denoise(cache, prefix.pad_mask, state, x, num_steps, [&] {
-    timing->step_ms.push_back(elapsed_ms(clock, device));
-    clock = std::chrono::steady_clock::now();
-  });
+  return denoise(cache, prefix.pad_mask, state, x, num_steps, after_step, trained_prefix, trained_mask);
 }
 
 }  // namespace pi0::model

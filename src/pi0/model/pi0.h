@@ -12,6 +12,7 @@
 
 #include "pi0/model/gemma.h"
 #include "pi0/model/observation.h"
+#include "pi0/model/rtc.h"
 #include "pi0/model/siglip.h"
 #include "pi0/nn/rope.h"
 
@@ -111,15 +112,19 @@ class Pi0Impl : public torch::nn::Module {
   explicit Pi0Impl(Pi0Options o);
 
   /// Per-element flow-matching loss [B,H,A] (no reduction). noise ~ N(0,I) [B,H,A] and time t ∈ (0,1] [B] are
-  /// sampled from the global generator when not given: t = Beta(1.5,1)·0.999 + 0.001.
+  /// sampled from the global generator when not given: t = Beta(1.5,1)·0.999 + 0.001. `time` may also be [B,H], one
+  /// per action token (training-time real-time chunking gives the first d tokens t = 0, so they enter clean).
   torch::Tensor compute_loss(const Observation& obs, const torch::Tensor& actions,
                              std::optional<torch::Tensor> noise = std::nullopt,
                              std::optional<torch::Tensor> time = std::nullopt);
   /// Euler integration from t=1 (noise) to t=0 with dt = −1/num_steps. use_kv_cache=false recomputes the
   /// prefix at every step (reference check and benchmark baseline). Returns [B,H,A] float32. `timing`, when
-  /// given, receives the prefix-pass and per-step times (the result is the same with or without it).
+  /// given, receives the prefix-pass and per-step times (the result is the same with or without it). `rtc`, when
+  /// given and active (model/rtc.h), continues the previous chunk: trained mode (CUDA graph included) or guided
+  /// mode (eager); it needs the KV cache. Inactive or null: plain sampling, bit for bit.
   torch::Tensor sample_actions(const Observation& obs, std::optional<torch::Tensor> noise = std::nullopt,
-                               int64_t num_steps = 10, bool use_kv_cache = true, SampleTiming* timing = nullptr);
+                               int64_t num_steps = 10, bool use_kv_cache = true, SampleTiming* timing = nullptr,
+                               const RtcRequest* rtc = nullptr);
 
   /// Dtype of activations in the transformer blocks (float32 or bfloat16); norms, softmax and the loss stay
   /// float32 whatever this is.
@@ -153,6 +158,8 @@ class Pi0Impl : public torch::nn::Module {
     torch::Tensor cond;      ///< pi0.5 adaRMS conditioning [B,We] float32, else undefined
   };
   Embedded embed_prefix(const Observation& obs);
+  /// `time` [B] (one per example) or [B,H] (one per action token: pi0's action-time MLP and pi0.5's adaRMS
+  /// condition, then [B,H,We], take each token's own).
   Embedded embed_suffix(const torch::Tensor& state, const torch::Tensor& x_t, const torch::Tensor& time);
   /// Velocity v_t [B,H,A] from one joint pass over prefix and suffix (no cache).
   torch::Tensor velocity_full(const Embedded& prefix, const torch::Tensor& state, const torch::Tensor& x_t,
@@ -168,10 +175,15 @@ class Pi0Impl : public torch::nn::Module {
 
  private:
   Pi0Options options_;
-  // The Euler loop over suffix passes against a fixed prefix cache; returns the final x.
-  // `after_step`, when given, runs after each step (per-step timing).
+  // v(x, t) of one suffix pass against a fixed prefix cache (t [B] or [B,H]).
+  torch::Tensor velocity_cached(const KVCache& cache, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
+                                const torch::Tensor& x, const torch::Tensor& time);
+  // The Euler loop over suffix passes against a fixed prefix cache; returns the final x. `trained_prefix` and
+  // `trained_mask` (both or neither): real-time chunking's trained mode (model/rtc.h). `after_step`, when given,
+  // runs after each step (per-step timing).
   torch::Tensor denoise(const KVCache& cache, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
-                        torch::Tensor x, int64_t num_steps, const std::function<void()>& after_step = {});
+                        torch::Tensor x, int64_t num_steps, const std::function<void()>& after_step = {},
+                        const torch::Tensor& trained_prefix = {}, const torch::Tensor& trained_mask = {});
   // The joint mask of a pass in the representation the attention path takes (bool, or SDPA's additive bias).
   torch::Tensor attention_mask_for(const torch::Tensor& mask, const torch::Tensor& like) const;
 

@@ -22,7 +22,9 @@ std::pair<torch::Tensor, torch::Tensor> RMSNormImpl::forward(const torch::Tensor
     return {(n * (1.0 + weight.to(x32.scalar_type()))).to(x.scalar_type()), torch::Tensor()};
   }
   TORCH_CHECK(cond.defined(), "adaptive RMSNorm needs a conditioning vector");
-  const auto mod = dense->forward(cond.to(x32.scalar_type())).unsqueeze(1);  // [B,1,3W]
+  // cond [B,C] conditions every token alike ([B,1,3W]); [B,T,C] each token its own (per-token flow time).
+  auto mod = dense->forward(cond.to(x32.scalar_type()));
+  if (mod.dim() == 2) mod = mod.unsqueeze(1);
   const auto parts = mod.chunk(3, -1);                                     // scale, shift, gate
   const auto y = n * (1.0 + parts[0]) + parts[1];
   return {y.to(x.scalar_type()), parts[2]};

@@ -23,7 +23,8 @@ class RMSNormImpl : public torch::nn::Module {
  public:
   explicit RMSNormImpl(RMSNormOptions options);
   void reset();
-  /// x [B,T,W]; cond [B,C] (required iff adaptive). Returns (y [B,T,W] in x's dtype, gate [B,1,W] or undefined).
+  /// x [B,T,W]; cond [B,C] or [B,T,C] per token (required iff adaptive). Returns (y [B,T,W] in x's dtype, gate
+  /// [B,1,W] or [B,T,W], or undefined).
   std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& cond = {});
   bool adaptive() const { return options.cond_dim() > 0; }
 

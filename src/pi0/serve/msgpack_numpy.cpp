@@ -476,7 +476,7 @@ std::string encode_json(const nlohmann::json& value) {
 std::string encode_response(const Response& r) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_map(3);
+  pk.pack_map(r.rtc.is_null() ? 3 : 4);
   pk.pack(std::string("actions"));
   pack_tensor(pk, r.actions.to(torch::kFloat32));
   pk.pack(std::string("policy_timing"));
@@ -490,6 +490,10 @@ std::string encode_response(const Response& r) {
   if (r.prev_total_ms) {
     pk.pack(std::string("prev_total_ms"));
     pk.pack(*r.prev_total_ms);
+  }
+  if (!r.rtc.is_null()) {
+    pk.pack(std::string("rtc"));
+    pack_json(pk, r.rtc);
   }
   return std::string(buf.data(), buf.size());
 }

@@ -55,6 +55,9 @@ struct Response {
   double policy_infer_ms = 0;           ///< policy_timing.infer_ms: the model's sample_actions
   double server_infer_ms = 0;           ///< server_timing.infer_ms: inputs → model → outputs
   std::optional<double> prev_total_ms;  ///< server_timing.prev_total_ms, from the second request on
+  /// {"mode": "trained"|"guided", "delay": d} when the answer continues a previous chunk (real-time chunking);
+  /// null: not sent, so openpi's clients get openpi's answer exactly.
+  nlohmann::json rtc;
 };
 std::string encode_response(const Response& response);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <future>
 
@@ -50,6 +51,7 @@ std::pair<std::string, nlohmann::json> parse_metadata_flag(const std::string& as
 
 struct Policy::Pending {
   infer::InferenceInputs inputs;
+  model::RtcRequest rtc;  // mode off unless the request carries a previous chunk
   bool batched = false;
   Callback done;
   Clock::time_point start;
@@ -62,6 +64,10 @@ Policy::Policy(io::Bundle bundle, PolicyOptions options)
   if (options_.max_batch == 0) options_.max_batch = device_.is_cuda() ? 8 : 1;
   if (options_.max_batch < 1)
     throw UserError("--max-batch: got " + std::to_string(options_.max_batch) + ", expected >= 1 (0 = auto)");
+  infer::check_rtc_mode_flag(options_.rtc.mode, "--rtc");
+  const double beta = options_.rtc.guidance.max_weight;
+  if (!(std::isfinite(beta) && beta > 0))
+    throw UserError("--rtc-max-weight: got " + c10::str(beta) + ", expected a number > 0");
   const auto& mo = bundle_.model->options();
   if (options_.noise.defined()) {
     auto n = options_.noise.to(torch::kFloat32);
@@ -99,7 +105,8 @@ Policy::Policy(io::Bundle bundle, PolicyOptions options)
                {"config_id", cfg.checkpoint.asset_id},
                {"bundle", bundle_name(bundle_.dir)},
                {"device", device_.str()},
-               {"dtype", bundle_.dtype == torch::kBFloat16 ? "bf16" : "f32"}};
+               {"dtype", bundle_.dtype == torch::kBFloat16 ? "bf16" : "f32"},
+               {"rtc", infer::rtc_metadata(bundle_, options_.rtc)}};
   for (auto it = metadata_.begin(); it != metadata_.end(); ++it) {
     const auto& reserved = config::reserved_metadata_keys();
     PI0_CHECK(std::find(reserved.begin(), reserved.end(), it.key()) != reserved.end(), "metadata key '", it.key(),
@@ -128,6 +135,14 @@ void Policy::submit(const Fields& fields, Callback done) {
   p->start = Clock::now();
   ModelRequest req = to_model_request(options_.robot, fields, options_.default_prompt);
   p->inputs = infer::make_inputs(bundle_, req.tensors, "observation", req.prompt, tokenizer_.get());
+  if (options_.rtc.mode != "off") {  // off: the keys are ignored, as openpi ignores keys it does not use
+    const auto previous = previous_chunk_of(fields, req);
+    const auto& rows = previous.robot_rows;
+    if (rows.defined() && rows.size(-1) != action_dims_)
+      throw UserError("observation: 'prev_action_chunk' has " + std::to_string(rows.size(-1)) +
+                      " dims per row, expected " + std::to_string(action_dims_) + " (the rows as pi0-serve returned them)");
+    p->rtc = infer::rtc_request(bundle_, options_.rtc, previous, p->inputs.raw_state, "observation");
+  }
   p->batched = req.batched;
   p->done = std::move(done);
   {
@@ -160,10 +175,16 @@ void Policy::model_loop() {
       while (!queue_.empty()) {
         auto& next = queue_.front();
         const int64_t b = next->inputs.observation.batch_size();
-        if (!batch.empty() && (rows + b > options_.max_batch || !same_shapes(batch.front()->inputs, next->inputs))) break;
+        // A request that continues a previous chunk runs alone: its rows, delay and mode are its own, and
+        // sample_actions takes one RtcRequest per call (guided mode also runs eager, without the CUDA graph).
+        const bool alone = next->rtc.active();
+        if (!batch.empty() &&
+            (alone || rows + b > options_.max_batch || !same_shapes(batch.front()->inputs, next->inputs)))
+          break;
         rows += b;
         batch.push_back(std::move(next));
         queue_.pop_front();
+        if (alone) break;
       }
     }
     run_batch(batch);
@@ -203,7 +224,9 @@ void Policy::run_batch(std::vector<std::unique_ptr<Pending>>& batch) {
     std::optional<torch::Tensor> noise;
     if (options_.noise.defined()) noise = options_.noise.expand({rows, -1, -1}).contiguous();
 
-    const auto predicted = infer::predict(bundle_, inputs, noise, options_.num_steps);
+    const auto& rtc = batch.front()->rtc;  // active only in a batch of one (model_loop)
+    const auto predicted =
+        infer::predict(bundle_, inputs, noise, options_.num_steps, nullptr, rtc.active() ? &rtc : nullptr);
     const auto robot = predicted.robot_actions.narrow(-1, 0, action_dims_);
 
     int64_t row = 0;
@@ -213,6 +236,9 @@ void Policy::run_batch(std::vector<std::unique_ptr<Pending>>& batch) {
       r.actions = p->batched ? robot.narrow(0, row, b).contiguous() : robot[row].contiguous();
       r.model_ms = predicted.model_ms;
       r.total_ms = ms_since(p->start);
+      // Trained mode with d = 0 samples as plain sampling does; the client still learns which mode it got.
+      if (p->rtc.mode != model::RtcMode::kOff)
+        r.rtc = {{"mode", model::to_string(p->rtc.mode)}, {"delay", p->rtc.delay}};
       row += b;
       results.push_back(std::move(r));
     }

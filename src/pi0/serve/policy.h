@@ -1,13 +1,15 @@
 // The served policy: a loaded bundle behind a robot profile, with one model thread that runs sample_actions.
 // A request goes: frame fields → robot profile (robot_profile.h) → infer::make_inputs (pi0-infer's input path:
-// resize-with-pad, state normalization, prompt tokenization) on the caller's thread → queue → model thread:
+// resize-with-pad, state normalization, prompt tokenization) and infer::rtc_request (a previous chunk, when the
+// frame carries one) on the caller's thread → queue → model thread:
 // infer::predict (sample_actions, then unnormalize, absolute actions, ALOHA's convention: pi0-infer's sequence,
 // infer/inference.h) on the batch → sliced to the robot's dims.
 //
 // Batching: the model thread takes up to `max_batch` queued requests (rows) and runs them as one sample_actions
 // call. Default 1 on the CPU (a batch of B costs B times one request there, and one answer would wait for all)
 // and 8 on CUDA, where a batch of 8 costs about as much as one. Requests never wait for a batch to fill: the
-// thread takes what is queued when it is free.
+// thread takes what is queued when it is free. A request that continues a previous chunk (real-time chunking,
+// infer::rtc_request) runs as its own call.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -38,6 +40,8 @@ struct PolicyOptions {
   torch::Tensor noise;                      ///< fixed initial noise [H,A] or [1,H,A] for every request (tests); undefined = random
   /// --metadata: keys added to (or, null, removed from) the bundle's policy metadata (config/policy_metadata.h).
   nlohmann::json metadata = nlohmann::json::object();
+  /// --rtc*: how requests that carry prev_action_chunk are answered (real-time chunking; announced as "rtc").
+  infer::RtcSettings rtc;
 };
 
 /// One `--metadata key=json` flag: the key and its JSON value. UserError naming the flag otherwise.
@@ -48,6 +52,7 @@ struct PolicyResult {
   torch::Tensor actions;   ///< [H,D] float32 ([B,H,D] for batched raw requests)
   double model_ms = 0;     ///< sample_actions (this request's batch)
   double total_ms = 0;     ///< profile + inputs + model + outputs
+  nlohmann::json rtc;      ///< {"mode": "trained"|"guided", "delay": d} when the answer continues a previous chunk
 };
 
 class Policy {

@@ -198,6 +198,7 @@ void check_near_misses(Robot robot, const Fields& fields) {
       used.push_back("prompt");
       break;
   }
+  used.insert(used.end(), data::previous_chunk_keys().begin(), data::previous_chunk_keys().end());
   for (const auto& [key, f] : fields) {
     if (std::find(used.begin(), used.end(), key) != used.end()) continue;
     if (robot == Robot::kAloha && key.rfind("images/", 0) == 0) continue;  // aloha() names the unknown camera
@@ -257,6 +258,18 @@ ModelRequest to_model_request(Robot robot, const Fields& fields, const std::opti
     case Robot::kRaw: return raw(fields, default_prompt);
   }
   PI0_CHECK(false, "to_model_request: unknown robot");
+}
+
+infer::PreviousChunk previous_chunk_of(const Fields& fields, const ModelRequest& model) {
+  std::vector<torch::Tensor> given;
+  for (const auto& key : data::previous_chunk_keys()) {
+    const Field* f = find(fields, key);
+    if (f && !f->tensor.defined())
+      throw UserError("'" + key + "' is text, expected " +
+                      (key == "prev_action_chunk" ? "an array of numbers [R,D]" : "an int"));
+    given.push_back(f ? f->tensor : torch::Tensor());
+  }
+  return infer::previous_chunk(given[0], given[1], given[2], model.tensors.at("state").size(0), "observation");
 }
 
 }  // namespace pi0::serve

@@ -14,6 +14,9 @@
 //           accepted (the answer then is [B,H,D]); all of the bundle's action dims.
 // Float images are converted like openpi's _parse_image: (255·x).astype(uint8) (truncation), CHW → HWC when the
 // first dim is 3.
+// Every profile also takes real-time chunking's optional keys (data::previous_chunk_keys(), previous_chunk_of):
+// prev_action_chunk [R,D] (or [B,R,D] for batched raw requests; an ndarray or a nested list, as kai0's clients
+// send ndarray.tolist()), inference_delay and execute_horizon. openpi's clients send none of them.
 #pragma once
 #include <map>
 #include <optional>
@@ -21,6 +24,7 @@
 
 #include <torch/torch.h>
 
+#include "pi0/infer/inference.h"
 #include "pi0/serve/msgpack_numpy.h"
 
 namespace pi0::serve {
@@ -45,5 +49,9 @@ struct ModelRequest {
 /// The robot's observation → the model's keys. `default_prompt` is used when the frame has no 'prompt'.
 /// Throws UserError (one line naming the key, what came and what was expected).
 ModelRequest to_model_request(Robot robot, const Fields& fields, const std::optional<std::string>& default_prompt);
+
+/// Real-time chunking's keys of a request, alike in every profile, for the request `model` made of it (its batch);
+/// robot_rows undefined when the frame has no prev_action_chunk. Throws UserError (one line naming the key).
+infer::PreviousChunk previous_chunk_of(const Fields& fields, const ModelRequest& model);
 
 }  // namespace pi0::serve

@@ -256,6 +256,7 @@ class Session : public std::enable_shared_from_this<Session> {
     resp.policy_infer_ms = r.model_ms;
     resp.server_infer_ms = r.total_ms;
     resp.prev_total_ms = prev_total_ms_;
+    resp.rtc = std::move(r.rtc);
     out_ = encode_response(resp);
     busy_ = true;
     ws_.binary(true);

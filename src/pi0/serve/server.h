@@ -1,7 +1,8 @@
 // The websocket policy server: openpi's protocol (src/openpi/serving/websocket_policy_server.py) on Boost.Beast.
 //   connect  → the server sends one binary frame: the policy metadata (msgpack map)
 //   request  → binary frame: the observation (msgpack-numpy map)
-//   answer   ← binary frame: {actions, policy_timing: {infer_ms}, server_timing: {infer_ms, prev_total_ms}}
+//   answer   ← binary frame: {actions, policy_timing: {infer_ms}, server_timing: {infer_ms, prev_total_ms}}, and
+//              rtc: {mode, delay} when the request carried a previous chunk (robot_profile.h; clients ignore it)
 //   bad input← a text frame with one line, then close 1011 (what openpi does; its client raises the text); a
 //              frame over max_frame_bytes is bad input too
 //   GET /healthz → 200 "OK"

@@ -382,7 +382,22 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
       noise = torch::randn(noise_shape, rng_, f32).narrow(0, options_.rank * b, b).to(device_);
       time = model::sample_flow_time(b * options_.world_size, f32, rng_, options_.rank * b, b).to(device_);
     }
-    auto loss = model_->compute_loss(obs, actions, noise, time).mean();
+    torch::Tensor loss;
+    if (t.rtc_max_delay > 0) {
+      // Training-time real-time chunking: each example's first d actions enter clean (t = 0) and leave the loss,
+      // a pooled mean over the remaining positions. Drawn like the times (global micro-batch, own slice).
+      const int64_t h = actions.size(1);
+      const auto delays = model::sample_rtc_delays(b * options_.world_size, t.rtc_max_delay, t.rtc_delay_distribution,
+                                                   t.rtc_delay_exp_rate, torch::TensorOptions(), rng_,
+                                                   options_.rank * b, b)
+                              .to(device_);
+      const auto per_token = model::rtc_token_time(time, delays, h);
+      const auto kept = model::rtc_loss_mask(delays, h, f32.device(device_)).unsqueeze(-1);
+      const auto elementwise = model_->compute_loss(obs, actions, noise, per_token);
+      loss = (elementwise * kept).sum() / (kept.sum() * static_cast<double>(elementwise.size(2)));
+    } else {
+      loss = model_->compute_loss(obs, actions, noise, time).mean();
+    }
     (loss / static_cast<double>(n_micro)).backward();
     const auto loss_f64 = loss.detach().to(torch::kFloat64);
     loss_sum = micro == 0 ? loss_f64 : loss_sum + loss_f64;

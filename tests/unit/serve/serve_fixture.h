@@ -1,5 +1,6 @@
 // Shared by the serve tests: a tiny exported bundle (LIBERO: 8 state dims; ALOHA: 14 dims, trained with
-// adapt_to_pi), fixed noise, observation frames, an app runner, and a small Beast websocket client.
+// adapt_to_pi), fixed noise, observation frames, an in-process server, an app runner, and a small Beast websocket
+// client.
 #pragma once
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +26,8 @@
 #include "pi0/io/safetensors.h"
 #include "pi0/model/model_config.h"
 #include "pi0/serve/msgpack_numpy.h"
+#include "pi0/serve/policy.h"
+#include "pi0/serve/server.h"
 #include "support/app_process.h"
 #include "support/test_support.h"
 
@@ -41,9 +44,11 @@ struct TinyBundle {
 };
 
 /// Exports a tiny pi0.5 bundle under `dir` for dataset `format` ("libero": 8 dims, "aloha": 14 dims), in `dtype`
-/// (float32 or bfloat16, pi0-export's default); `extra_yaml` is appended to the training config (e.g. a serve section).
+/// (float32 or bfloat16, pi0-export's default); `extra_yaml` is appended to the training config (e.g. a serve section);
+/// `rtc_max_delay`: the config's train.rtc_max_delay (what a bundle trained for real-time chunking announces).
 inline TinyBundle make_tiny_bundle(const TempDir& dir, const std::string& format,
-                                   torch::ScalarType dtype = torch::kFloat32, const std::string& extra_yaml = "") {
+                                   torch::ScalarType dtype = torch::kFloat32, const std::string& extra_yaml = "",
+                                   int64_t rtc_max_delay = 0) {
   TinyBundle b;
   b.state_dim = format == "aloha" ? 14 : 8;
   const std::string tok = std::string(PI0_SOURCE_DIR) + "/data/tokenizer/tiny_spm.model";
@@ -53,7 +58,7 @@ inline TinyBundle make_tiny_bundle(const TempDir& dir, const std::string& format
       ", action_horizon: " + std::to_string(kHorizon) + ", max_token_len: 48}\n"
       "data: {dataset: {format: " + format + ", paths: [unused.hdf5]}, norm_stats: " + dir.str("stats.json") +
       ", tokenizer: " + tok + "}\n"
-      "train: {precision: float32}\n"
+      "train: {precision: float32, rtc_max_delay: " + std::to_string(rtc_max_delay) + "}\n"
       "checkpoint: {run_dir: " + dir.str("run") + ", asset_id: tiny_" + format + "}\n" + extra_yaml;
   const auto cfg = config::parse_config(YAML::Load(yaml), "test config");
   data::NormStats stats;
@@ -102,6 +107,49 @@ inline serve::Fields libero_fields(int64_t seed) {
   f["observation/state"].tensor = torch::randn({8}, torch::kFloat64);
   f["prompt"].text = "pick up the red block " + std::to_string(seed % 3);
   return f;
+}
+
+/// What the in-process servers run: 2 steps from the bundle's fixed noise (deterministic answers).
+inline serve::PolicyOptions policy_options(const TinyBundle& b, serve::Robot robot, int64_t max_batch = 0) {
+  serve::PolicyOptions o;
+  o.robot = robot;
+  o.max_batch = max_batch;
+  o.num_steps = 2;
+  o.noise = io::read_safetensors(b.noise).at("noise");
+  return o;
+}
+
+/// Policy + Server on 127.0.0.1, any free port, serving on a background thread.
+struct LiveServer {
+  serve::Policy policy;
+  serve::Server server;
+  std::thread thread;
+
+  LiveServer(const TinyBundle& b, serve::Robot robot, serve::ServerOptions so = {}, int64_t max_batch = 0,
+             nlohmann::json metadata = nlohmann::json::object())
+      : LiveServer(b, with_metadata(policy_options(b, robot, max_batch), std::move(metadata)), std::move(so)) {}
+  LiveServer(const TinyBundle& b, serve::PolicyOptions po, serve::ServerOptions so = {})
+      : policy(io::load_bundle(b.bundle), std::move(po)), server(policy, local(std::move(so))),
+        thread([this] { server.run(/*handle_signals=*/false); }) {}
+  ~LiveServer() {
+    server.stop();
+    thread.join();
+  }
+  int port() const { return server.port(); }
+
+  static serve::PolicyOptions with_metadata(serve::PolicyOptions o, nlohmann::json metadata) {
+    o.metadata = std::move(metadata);
+    return o;
+  }
+  static serve::ServerOptions local(serve::ServerOptions so) {
+    so.host = "127.0.0.1";
+    so.port = 0;
+    return so;
+  }
+};
+
+inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
 }
 
 /// Runs `app args` in the background with stdout/stderr to files; stop() signals it and returns the exit code.
@@ -199,7 +247,12 @@ class WsClient {
       ws_.set_option(ws::stream_base::decorator(
           [authorization](ws::request_type& req) { req.set(boost::beast::http::field::authorization, authorization); }));
     ws_.handshake("127.0.0.1", "/");
-    metadata = read_binary();
+    // As JSON, not as decode_frame's Fields: the metadata holds lists of strings (rtc's modes and keys), which an
+    // observation may not.
+    boost::beast::flat_buffer b;
+    ws_.read(b);
+    const auto* bytes = static_cast<const uint8_t*>(b.data().data());
+    metadata = nlohmann::json::from_msgpack(bytes, bytes + b.data().size());
   }
   /// Sends one frame; returns the decoded answer, or throws std::runtime_error(text) for a text frame.
   pi0::serve::Fields infer(const std::string& frame, bool text = false) {
@@ -220,7 +273,7 @@ class WsClient {
   }
   void close_now() { ws_.next_layer().close(); }
 
-  pi0::serve::Fields metadata;
+  nlohmann::json metadata;
 
  private:
   pi0::serve::Fields read_binary() {

@@ -218,6 +218,12 @@ TEST_CASE("encode_fields and encode_response round-trip through decode_frame", "
   r.prev_total_ms = 9.0;
   dec = decode(serve::encode_response(r));
   CHECK(dec.at("server_timing/prev_total_ms").tensor.item<double>() == 9.0);
+  CHECK(dec.count("rtc/mode") == 0);  // an answer without real-time chunking holds openpi's keys only
+  CHECK(dec.size() == 4);
+  r.rtc = {{"mode", "trained"}, {"delay", 3}};
+  dec = decode(serve::encode_response(r));
+  CHECK(*dec.at("rtc/mode").text == "trained");
+  CHECK(dec.at("rtc/delay").tensor.item<int64_t>() == 3);
 
   const auto md = decode(serve::encode_json({{"robot", "libero"}, {"action_horizon", 50}, {"ok", true}}));
   CHECK(*md.at("robot").text == "libero");

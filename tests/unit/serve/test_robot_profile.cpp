@@ -149,3 +149,37 @@ TEST_CASE("robot profiles: NaN or infinite values and misspelled keys are errors
   a["prompt"].text = "go";
   check_error(Robot::kAloha, a, "unknown key 'images_cam_left_wrist' (did you mean 'images/cam_left_wrist'?)");
 }
+
+TEST_CASE("robot profiles: every profile reads a previous chunk as rows of the request's batch", "[serve][unit]") {
+  auto f = libero(torch::zeros({4, 4, 3}, torch::kUInt8));
+  CHECK_FALSE(serve::previous_chunk_of(f, serve::to_model_request(Robot::kLibero, f, std::nullopt)).robot_rows.defined());
+  f["prev_action_chunk"].tensor = torch::rand({5, 7}, torch::kFloat64);  // e.g. a nested list: float64
+  f["inference_delay"].tensor = torch::scalar_tensor(2, torch::kLong);
+  f["execute_horizon"].tensor = torch::scalar_tensor(4, torch::kLong);
+  const auto chunk = serve::previous_chunk_of(f, serve::to_model_request(Robot::kLibero, f, std::nullopt));
+  REQUIRE(chunk.robot_rows.sizes() == torch::IntArrayRef({1, 5, 7}));
+  CHECK(chunk.robot_rows.scalar_type() == torch::kFloat32);
+  CHECK(chunk.delay == 2);
+  CHECK(chunk.execute_horizon == 4);
+
+  // A batched raw request: one chunk per row of the batch.
+  Fields raw;
+  raw["state"].tensor = torch::zeros({3, 8});
+  raw["image/base_0_rgb"].tensor = torch::zeros({3, 4, 4, 3}, torch::kUInt8);
+  raw["prompt"].text = "go";
+  raw["prev_action_chunk"].tensor = torch::rand({3, 5, 8});
+  const auto req = serve::to_model_request(Robot::kRaw, raw, std::nullopt);
+  CHECK(req.tensors.count("prev_action_chunk") == 0);  // not a model input
+  CHECK(serve::previous_chunk_of(raw, req).robot_rows.sizes() == torch::IntArrayRef({3, 5, 8}));
+  raw["prev_action_chunk"].tensor = torch::rand({5, 8});
+  CHECK_THROWS_WITH(serve::previous_chunk_of(raw, req),
+                    Contains("observation: 'prev_action_chunk' has shape [5, 8] and dtype Float, expected numbers "
+                             "[B,R,D] with B = 3"));
+  f["inference_delay"].text = "2";
+  f["inference_delay"].tensor = torch::Tensor();
+  CHECK_THROWS_WITH(serve::previous_chunk_of(f, serve::to_model_request(Robot::kLibero, f, std::nullopt)),
+                    Contains("'inference_delay' is text, expected an int"));
+  f.erase("inference_delay");
+  f["inference_delai"].tensor = torch::scalar_tensor(2, torch::kLong);
+  check_error(Robot::kLibero, f, "unknown key 'inference_delai' (did you mean 'inference_delay'?)");
+}
