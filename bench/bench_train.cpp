@@ -226,6 +226,7 @@ int run_child(const Args& a) {
     const torch::Device d(a.device);
     const int index = d.has_index() ? d.index() : 0;
     const double total = static_cast<double>(at::cuda::getDeviceProperties(index)->totalGlobalMem);
+    pi0::train::init_cuda_allocator(torch::Device(torch::kCUDA, index));
     c10::cuda::CUDACachingAllocator::setMemoryFraction(std::min(1.0, a.gpu_gib * (1ull << 30) / total), index);
   }
 #endif

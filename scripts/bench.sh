@@ -111,9 +111,12 @@ run safetensors "$BUILD/bench_safetensors_load" --size-gb $GB
 run checkpoint_verify "$BUILD/bench_checkpoint_verify" --size-gb $GB
 run ddp "$BUILD/bench_ddp" --ranks 2 --steps 12 --batch-size 16 --shard all
 run infer "$BUILD/bench_infer" --config configs/bench_cpu.yaml --dtype float32 --cameras 1,3 --iters 5 --json "$OUT/infer.json"
+# Real-time chunking's cost per step on the CPU (issue 35): plain, trained, guided with the identity and the exact product.
+run infer_rtc "$BUILD/bench_infer" --config configs/bench_cpu.yaml --dtype float32 --cameras 1 --iters 5 \
+  --rtc off,trained,guided-identity,guided-exact --rtc-delay 5 --json "$OUT/infer_rtc.json"
 run host_optimizer "$BUILD/bench_host_optimizer" --params-m $([ $QUICK = 1 ] && echo 16 || echo 64) --threads 1,2 --steps 3 \
   --json "$OUT/host_optimizer.json"
-NAMES=(model train loader safetensors checkpoint_verify ddp infer host_optimizer)
+NAMES=(model train loader safetensors checkpoint_verify ddp infer infer_rtc host_optimizer)
 if [ -x "$BUILD/bench_serve" ]; then  # built when Boost.Beast and msgpack-cxx are found
   run serve "$BUILD/bench_serve" --config configs/bench_cpu.yaml --iters $((ITERS * 4)) --clients 1,4,8 --requests 2 \
     --json "$OUT/serve.json"

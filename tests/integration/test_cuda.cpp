@@ -11,7 +11,9 @@
 
 #include "pi0/distributed/dist_env.h"
 #include "pi0/distributed/process_group.h"
+#include "pi0/io/model_weights.h"
 #include "pi0/io/safetensors.h"
+#include "pi0/model/model_config.h"
 #include "pi0/model/pi0.h"
 #include "pi0/train/metrics.h"
 #include "pi0/train/trainer.h"
@@ -102,6 +104,55 @@ TEST_CASE("CUDA equals CPU: loss and sampling, float32 and bf16, explicit and SD
   }
 }
 
+TEST_CASE("real-time chunking on CUDA equals the CPU: trained mode in the CUDA graph, guided eager", "[cuda][rtc]") {
+  if (!cuda_usable("real-time chunking on CUDA")) return;
+  const torch::Device gpu("cuda");
+  for (bool pi05 : {false, true}) {
+    torch::manual_seed(11);
+    auto o = model::dummy_options(pi05);
+    model::Pi0 cpu_model(o);
+    {
+      torch::NoGradGuard no_grad;  // every component non-trivial, including the zero-initialized ones
+      for (auto& p : cpu_model->parameters()) p.add_(torch::randn_like(p) * 0.05);
+    }
+    model::Pi0 gpu_model(o);
+    {
+      torch::NoGradGuard no_grad;
+      auto src = cpu_model->named_parameters();
+      for (auto& p : gpu_model->named_parameters()) p.value().copy_(src[p.key()]);
+    }
+    gpu_model->to(gpu);
+    gpu_model->set_cuda_graph(true);
+    auto obs = testing::random_observation(o, 2);
+    const auto gobs = to_device(obs, gpu);
+    auto noise = torch::randn({2, o.action_horizon, o.action_dim});
+    const auto prev = torch::randn({2, 3, o.action_dim});
+    for (auto mode : {model::RtcMode::kTrained, model::RtcMode::kGuided}) {
+      for (auto jac : {model::RtcJacobian::kIdentity, model::RtcJacobian::kExact}) {
+        if (mode == model::RtcMode::kTrained && jac == model::RtcJacobian::kExact) continue;
+        model::RtcRequest r;
+        r.mode = mode;
+        r.prev = prev;
+        r.delay = 2;
+        r.guidance.jacobian = jac;
+        const auto ref = cpu_model->sample_actions(obs, noise, 10, true, nullptr, &r);
+        auto gr = r;
+        gr.prev = prev.to(gpu);
+        INFO("pi05=" << pi05 << " mode=" << model::to_string(mode) << " jacobian=" << model::to_string(jac));
+        // Twice: trained mode captures its graph on the first call and replays it on the second.
+        for (int call = 0; call < 2; ++call) {
+          const auto got = gpu_model->sample_actions(gobs, noise.to(gpu), 10, true, nullptr, &gr).cpu();
+          CHECK(max_rel_error(got, ref) < 1e-4);
+          if (mode == model::RtcMode::kTrained) CHECK(torch::equal(got.narrow(1, 0, 2), prev.narrow(1, 0, 2)));
+        }
+      }
+    }
+    // The plain graph is still the plain answer after the trained one was captured (separate graphs).
+    CHECK(max_rel_error(gpu_model->sample_actions(gobs, noise.to(gpu), 10).cpu(),
+                        cpu_model->sample_actions(obs, noise, 10)) < 1e-4);
+  }
+}
+
 TEST_CASE("20 bf16-mixed training steps on CUDA with checkpointing lower the loss", "[cuda]") {
   if (!cuda_usable("training on CUDA")) return;
   TinyRun run;
@@ -120,10 +171,19 @@ TEST_CASE("20 bf16-mixed training steps on CUDA with checkpointing lower the los
 TEST_CASE("train.offload=optimizer on CUDA: the plain run's first step, then training as it does", "[cuda][offload]") {
   if (!cuda_usable("optimizer offload on CUDA")) return;
   TinyRun run;
+  // Both runs start from one weights file: a random init draws on the device the parameters are created on (the
+  // GPU for the plain run, the host for the offloaded one), and CUDA's generator is not the CPU's.
+  const auto init = run.dir.str("init.safetensors");
+  {
+    torch::manual_seed(5);
+    model::Pi0 m(model::options_from_config(run.config("unused").model));
+    io::save_model_weights(*m, init);
+  }
   auto cfg = [&](const std::string& dir, const std::string& offload) {
     return run.config(dir, {"train.device=cuda", "train.precision=bf16-mixed", "train.num_steps=12",
                             "train.grad_accum_steps=2", "train.gradient_checkpointing=true", "train.lr_warmup_steps=2",
-                            "train.lr_peak=1e-3", "checkpoint.save_interval=6", "train.offload=" + offload});
+                            "train.lr_peak=1e-3", "checkpoint.save_interval=6", "train.offload=" + offload,
+                            "checkpoint.init_weights=" + init});
   };
   { train::Trainer(cfg("plain", "none")).run(); }
   train::Trainer t(cfg("offloaded", "optimizer"));

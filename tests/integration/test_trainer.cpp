@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -331,41 +332,56 @@ TEST_CASE("bad runs give one-line errors and lose nothing", "[integration][train
                       Contains("checkpoint.init_weights '" + run.dir.str("nope.safetensors") + "': file not found"));
 }
 
-TEST_CASE("learning: the tiny pi0.5 lowers its loss 5x and its sampled actions approach the data", "[integration][train][slow]") {
-  // One thread (ATen, OpenMP and OpenBLAS): ops this small gain nothing from a second one, and on a busy machine
-  // (ctest -j2 on two cores) every parallel region waits for a descheduled thread: 72 s instead of 39 s.
+namespace {
+// The learning tests' run: configs/debug.yaml's 300 steps of batch 16 on smaller inputs (28-pixel images, 4 patches
+// per camera instead of 16, and prompts of 48 tokens instead of 64; 44 used here), on one thread (ATen, OpenMP and
+// OpenBLAS): ops this small gain nothing from a second one, and on a busy machine (ctest -j2 on two cores) every
+// parallel region waits for a descheduled thread: 72 s instead of 39 s. 39 s instead of 136-232 s with the full-size
+// inputs on a loaded 2-core machine. Returns the trained trainer; `l` gets the 30 logged losses.
+const std::vector<std::string> kLearnInputs = {"model.image_size=28", "model.max_token_len=48"};
+
+std::unique_ptr<train::Trainer> learn(const TinyRun& run, const std::vector<std::string>& more, std::vector<double>& l) {
   const int threads_before = pi0::thread_counts().aten;
   pi0::set_num_threads(1);
   struct Restore {
     int n;
     ~Restore() { pi0::set_num_threads(n); }
   } restore{threads_before};
-  // configs/debug.yaml's 300 steps of batch 16, on smaller inputs: 28-pixel images (4 patches per camera instead of
-  // 16) and prompts of 48 tokens instead of 64 (44 used here). 39 s instead of 136-232 s on a loaded 2-core machine.
+  auto extra = kLearnInputs;
+  for (const char* s : {"train.num_steps=300", "train.batch_size=16", "train.log_interval=10",
+                        "train.metrics_interval=0", "checkpoint.save_interval=1000"})
+    extra.emplace_back(s);
+  extra.insert(extra.end(), more.begin(), more.end());
+  auto t = std::make_unique<train::Trainer>(run.config("learn", extra));
+  t->run();
+  l = losses(run.dir.str("learn"));
+  return t;
+}
+
+// 32 training frames of the run's data, as the model sees them (normalized space).
+model::Batch training_frames(const TinyRun& run) {
+  auto pipe = train::make_data_pipeline(run.config("learn", kLearnInputs), 32, 0, 1);
+  return pipe.loader->next();
+}
+}  // namespace
+
+TEST_CASE("learning: the tiny pi0.5 lowers its loss 5x and its sampled actions approach the data", "[integration][train][slow]") {
   // Measured (Debian LibTorch 1.13, fixed seed): the loss falls 24x from the first 10 steps to the last 10 (21.8x
   // with the full-size inputs), 4.8 times the 5x asserted; the sampled actions' MSE is 0.21 of the mean prediction's
   // (0.30 full size), 2.4 times below the 0.5 asserted. Fewer steps fit the loss but not the samples: 0.40 after 200
   // steps, 0.47 after 150, 0.58 after 100.
-  const std::vector<std::string> inputs = {"model.image_size=28", "model.max_token_len=48"};
-  auto extra = inputs;
-  for (const char* s : {"train.num_steps=300", "train.batch_size=16", "train.log_interval=10",
-                        "train.metrics_interval=0", "checkpoint.save_interval=1000"})
-    extra.emplace_back(s);
   TinyRun run;
-  train::Trainer t(run.config("learn", extra));
-  t.run();
-  const auto l = losses(run.dir.str("learn"));
+  std::vector<double> l;
+  auto t = learn(run, {}, l);
   REQUIRE(l.size() == 30);
   INFO("first interval loss " << l.front() << ", last " << l.back() << ": " << l.front() / l.back() << "x");
   CHECK(l.back() * 5 < l.front());
 
   // Sampled actions vs the dataset's (normalized space) on the training frames, against predicting the mean (0).
-  auto cfg = run.config("learn", inputs);
-  auto pipe = train::make_data_pipeline(cfg, 32, 0, 1);
-  auto batch = pipe.loader->next();
-  t.model()->eval();
+  auto batch = training_frames(run);
+  t->model()->eval();
   torch::manual_seed(0);
-  auto sampled = t.model()->sample_actions(batch.observation, std::nullopt, 10);
+  auto sampled = t->model()->sample_actions(batch.observation, std::nullopt, 10);
   // The robot's 7 action dims (dim 8 is zero padding).
   const auto target = batch.actions.narrow(2, 0, 7);
   const double err = (sampled.narrow(2, 0, 7) - target).pow(2).mean().item<double>();
@@ -411,37 +427,23 @@ TEST_CASE("training-time RTC: resumes bit-identically, and D = 0 draws nothing m
 }
 
 TEST_CASE("learning with training-time RTC: the tiny pi0.5 continues a committed prefix", "[integration][train][slow][rtc]") {
-  // The learning test's setup and bar (above), trained with train.rtc_max_delay = 3, then sampled in trained mode with
-  // the recorded actions' first 3 rows committed: the rows after them must approach the data as plain sampling does.
-  const int threads_before = pi0::thread_counts().aten;
-  pi0::set_num_threads(1);
-  struct Restore {
-    int n;
-    ~Restore() { pi0::set_num_threads(n); }
-  } restore{threads_before};
-  const std::vector<std::string> inputs = {"model.image_size=28", "model.max_token_len=48"};
-  auto extra = inputs;
-  for (const char* s : {"train.num_steps=300", "train.batch_size=16", "train.log_interval=10",
-                        "train.metrics_interval=0", "checkpoint.save_interval=1000", "train.rtc_max_delay=3"})
-    extra.emplace_back(s);
+  // The learning test's run and bar, trained with train.rtc_max_delay = 3, then sampled in trained mode with the
+  // recorded actions' first 3 rows committed: the rows after them must approach the data as plain sampling does.
   TinyRun run;
-  train::Trainer t(run.config("learn", extra));
-  t.run();
-  const auto l = losses(run.dir.str("learn"));
+  std::vector<double> l;
+  auto t = learn(run, {"train.rtc_max_delay=3"}, l);
   REQUIRE(l.size() == 30);
   INFO("first interval loss " << l.front() << ", last " << l.back() << ": " << l.front() / l.back() << "x");
   CHECK(l.back() * 5 < l.front());
 
-  auto cfg = run.config("learn", inputs);
-  auto pipe = train::make_data_pipeline(cfg, 32, 0, 1);
-  auto batch = pipe.loader->next();
-  t.model()->eval();
+  auto batch = training_frames(run);
+  t->model()->eval();
   torch::manual_seed(0);
   model::RtcRequest r;
   r.mode = model::RtcMode::kTrained;
   r.delay = 3;
   r.prev = batch.actions.narrow(1, 0, 3);
-  auto sampled = t.model()->sample_actions(batch.observation, std::nullopt, 10, true, nullptr, &r);
+  auto sampled = t->model()->sample_actions(batch.observation, std::nullopt, 10, true, nullptr, &r);
   CHECK(torch::equal(sampled.narrow(1, 0, 3), r.prev));
   const auto target = batch.actions.narrow(1, 3, 5).narrow(2, 0, 7);
   const double err = (sampled.narrow(1, 3, 5).narrow(2, 0, 7) - target).pow(2).mean().item<double>();

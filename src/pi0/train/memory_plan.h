@@ -142,7 +142,8 @@ RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size);
 std::string offload_refusal(const config::Config& cfg, int64_t world_size, bool cuda);
 
 /// train.offload resolved: none and optimizer as written; auto picks the optimizer offload when the plan without it
-/// (at the configured micro-batch) does not fit `device_bytes` (the GPU's memory) less kCardReserveBytes, and never
+/// (at the configured micro-batch; with train.gradient_checkpointing=auto, with every layer recomputed, which costs
+/// far less than the host update) does not fit `device_bytes` (the GPU's memory) less kCardReserveBytes, and never
 /// on the CPU (device_bytes 0: nothing to gain) or where offload_refusal() refuses it. `why` gets one line for the log.
 bool choose_offload(const config::Config& cfg, int64_t world_size, int64_t device_bytes, std::string* why);
 

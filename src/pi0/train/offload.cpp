@@ -28,6 +28,13 @@
 
 namespace pi0::train {
 
+void init_cuda_allocator(const torch::Device& device) {
+  if (!device.is_cuda()) return;
+  // CUDA and its caching allocator start lazily, at the first CUDA tensor; the allocator's memory-fraction calls
+  // assert before that ("Allocator not initialized for device"). One small tensor starts them the official way.
+  torch::empty({1}, torch::TensorOptions().device(device));
+}
+
 int64_t device_memory_bytes(const torch::Device& device) {
   if (!device.is_cuda()) return 0;
 #ifdef PI0_WITH_CUDA
@@ -36,6 +43,7 @@ int64_t device_memory_bytes(const torch::Device& device) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
   // A cap on the caching allocator (setMemoryFraction: bench_train --gpu-gib emulating a smaller card) is what the
   // tensors may use, so the plans choose for it.
+  init_cuda_allocator(torch::Device(torch::kCUDA, index));
   const double fraction = c10::cuda::CUDACachingAllocator::getMemoryFraction(index);
   if (fraction > 0 && fraction < 1) return static_cast<int64_t>(fraction * static_cast<double>(total));
 #endif

@@ -37,6 +37,10 @@ namespace pi0::train {
 /// against.
 int64_t device_memory_bytes(const torch::Device& device);
 
+/// Starts CUDA and its caching allocator on `device` (no-op for the CPU). They start lazily, at the first CUDA
+/// tensor, and the allocator's get/setMemoryFraction assert until then.
+void init_cuda_allocator(const torch::Device& device);
+
 class OptimizerOffload {
  public:
   /// `model`: built on the host with `table` applied and its weights loaded. Every host-resident parameter's tensor

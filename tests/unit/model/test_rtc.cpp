@@ -24,6 +24,23 @@ Pi0 perturbed_model(const Pi0Options& o) {
   return model;
 }
 
+// A perturbed tiny model, a batch of 2, fixed noise and a previous chunk of 3 rows (the horizon is 4).
+struct SamplingCase {
+  Pi0Options o;
+  Pi0 model;
+  Observation obs;
+  torch::Tensor noise, prev;
+  explicit SamplingCase(bool pi05)
+      : o(dummy_options(pi05)),
+        model(perturbed_model(o)),
+        obs(testing::random_observation(o, 2)),
+        noise(torch::randn({2, o.action_horizon, o.action_dim})),
+        prev(torch::randn({2, 3, o.action_dim})) {}
+  torch::Tensor sample(int64_t steps, const RtcRequest* rtc = nullptr, SampleTiming* timing = nullptr) {
+    return model->sample_actions(obs, noise, steps, true, timing, rtc);
+  }
+};
+
 RtcRequest request(RtcMode mode, const torch::Tensor& prev, int64_t delay, int64_t horizon_end = -1) {
   RtcRequest r;
   r.mode = mode;
@@ -144,39 +161,31 @@ TEST_CASE("rtc: committed rows get clean time and leave the loss", "[unit][model
 TEST_CASE("rtc: inactive requests sample exactly as plain sampling", "[unit][model][rtc]") {
   for (bool pi05 : {false, true}) {
     INFO("pi05=" << pi05);
-    auto o = dummy_options(pi05);
-    auto model = perturbed_model(o);
-    auto obs = testing::random_observation(o, 2);
-    auto noise = torch::randn({2, o.action_horizon, o.action_dim});
-    const auto plain = model->sample_actions(obs, noise, 5);
-    const auto prev = torch::randn({2, 3, o.action_dim});
+    SamplingCase c(pi05);
+    const auto plain = c.sample(5);
     // Off, no rows, trained with d = 0: plain sampling. Guided with an all-zero mask (d = 0, end 0): v − w·0 = v.
-    for (const auto& r : {request(RtcMode::kOff, prev, 2), request(RtcMode::kGuided, torch::Tensor(), 0),
-                          request(RtcMode::kTrained, prev, 0), request(RtcMode::kGuided, prev, 0, 0)}) {
-      CHECK(torch::equal(model->sample_actions(obs, noise, 5, true, nullptr, &r), plain));
+    for (const auto& r : {request(RtcMode::kOff, c.prev, 2), request(RtcMode::kGuided, torch::Tensor(), 0),
+                          request(RtcMode::kTrained, c.prev, 0), request(RtcMode::kGuided, c.prev, 0, 0)}) {
+      CHECK(torch::equal(c.sample(5, &r), plain));
     }
-    auto exact = request(RtcMode::kGuided, prev, 0, 0);
+    auto exact = request(RtcMode::kGuided, c.prev, 0, 0);
     exact.guidance.jacobian = RtcJacobian::kExact;
-    CHECK(torch::equal(model->sample_actions(obs, noise, 5, true, nullptr, &exact), plain));
+    CHECK(torch::equal(c.sample(5, &exact), plain));
   }
 }
 
 TEST_CASE("rtc: trained mode returns the committed rows and conditions the rest on them", "[unit][model][rtc]") {
   for (bool pi05 : {false, true}) {
     INFO("pi05=" << pi05);
-    auto o = dummy_options(pi05);
-    auto model = perturbed_model(o);
-    auto obs = testing::random_observation(o, 2);
-    auto noise = torch::randn({2, o.action_horizon, o.action_dim});
-    const auto plain = model->sample_actions(obs, noise, 5);
-    const auto prev = torch::randn({2, 3, o.action_dim});
-    const auto r = request(RtcMode::kTrained, prev, 2);
-    const auto out = model->sample_actions(obs, noise, 5, true, nullptr, &r);
-    CHECK(torch::equal(out.narrow(1, 0, 2), prev.narrow(1, 0, 2)));
+    SamplingCase c(pi05);
+    const auto plain = c.sample(5);
+    const auto r = request(RtcMode::kTrained, c.prev, 2);
+    const auto out = c.sample(5, &r);
+    CHECK(torch::equal(out.narrow(1, 0, 2), c.prev.narrow(1, 0, 2)));
     CHECK(!torch::allclose(out.narrow(1, 2, 2), plain.narrow(1, 2, 2), 1e-4, 1e-5));
     // Per-step timing still sees every step.
     SampleTiming timing;
-    model->sample_actions(obs, noise, 5, true, &timing, &r);
+    c.sample(5, &r, &timing);
     CHECK(timing.step_ms.size() == 5);
   }
 }
@@ -184,18 +193,15 @@ TEST_CASE("rtc: trained mode returns the committed rows and conditions the rest 
 TEST_CASE("rtc: guidance pulls the committed rows towards the previous chunk, both Jacobians", "[unit][model][rtc]") {
   for (bool pi05 : {false, true}) {
     INFO("pi05=" << pi05);
-    auto o = dummy_options(pi05);
-    auto model = perturbed_model(o);
-    auto obs = testing::random_observation(o, 2);
-    auto noise = torch::randn({2, o.action_horizon, o.action_dim});
-    const auto plain = model->sample_actions(obs, noise, 10);
-    const auto prev = torch::randn({2, 3, o.action_dim});
+    SamplingCase c(pi05);
+    const auto plain = c.sample(10);
+    const auto& prev = c.prev;
     const double plain_gap = (plain.narrow(1, 0, 2) - prev.narrow(1, 0, 2)).abs().mean().item<double>();
     torch::Tensor outs[2];
     for (auto jac : {RtcJacobian::kIdentity, RtcJacobian::kExact}) {
       auto r = request(RtcMode::kGuided, prev, 2);
       r.guidance.jacobian = jac;
-      const auto out = model->sample_actions(obs, noise, 10, true, nullptr, &r);
+      const auto out = c.sample(10, &r);
       const double gap = (out.narrow(1, 0, 2) - prev.narrow(1, 0, 2)).abs().mean().item<double>();
       INFO(to_string(jac) << ": mean gap to the previous rows " << gap << " (plain " << plain_gap << ")");
       CHECK(gap < 0.2 * plain_gap);

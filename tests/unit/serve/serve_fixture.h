@@ -287,4 +287,18 @@ class WsClient {
   boost::beast::websocket::stream<boost::asio::ip::tcp::socket> ws_{ioc_};
 };
 
+/// A bad request on a fresh connection: the answer is one text line containing `expected`, then close 1011.
+inline void check_refused(int port, const std::string& frame, bool text, const std::string& expected) {
+  WsClient c(port);
+  try {
+    c.infer(frame, text);
+    FAIL("no error frame");
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    CHECK_THAT(msg, Catch::Contains(expected));
+    CHECK(msg.find('\n') == std::string::npos);
+  }
+  CHECK(c.close_code() == 1011);
+}
+
 }  // namespace pi0::serve_test

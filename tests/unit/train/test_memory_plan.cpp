@@ -281,6 +281,26 @@ TEST_CASE("train.offload=auto: the optimizer goes to the host exactly when the p
   CHECK(train::choose_offload(fixed, 1, 0, &why));
 }
 
+TEST_CASE("train.offload=auto with gradient_checkpointing=auto offloads only when recomputing every layer does not fit",
+          "[unit][train]") {
+  const std::string dir = std::string(PI0_SOURCE_DIR) + "/configs/";
+  const auto cfg = config::load_config(dir + "pi0_libero.yaml", {"train.offload=auto", "train.gradient_checkpointing=auto"});
+  const auto all = model::all_layers(model::options_from_config(cfg.model));
+  const int64_t with_all = train::plan_rank_memory(cfg, 1, false).peak_bytes(train::plan_memory(cfg, 1, all).activations);
+  std::string why;
+  // The boundary is the plan with every layer recomputed, not the plan without recomputation (which auto would
+  // have read as "off" before: an H200 then offloaded pi0 and trained 6x slower).
+  CHECK_FALSE(train::choose_offload(cfg, 1, with_all + train::kCardReserveBytes, &why));
+  CHECK_THAT(why, Catch::Contains("none (the plan's peak with every layer checkpointed"));
+  CHECK(train::choose_offload(cfg, 1, with_all + train::kCardReserveBytes - 1, &why));
+  CHECK(train::choose_offload(cfg, 1, 24ll << 30, &why));  // pi0 full on a 24 GB card still needs the host
+  CHECK_FALSE(train::choose_offload(cfg, 1, 80ll << 30, &why));  // and an 80 GB card does not
+  // Then the layers: on 80 GB without offload, fewer than all of them.
+  const auto layers = train::choose_checkpointed_layers(cfg, 1, false, 80ll << 30, &why);
+  CHECK(layers != all);
+  CHECK(layers != model::CheckpointedLayers{});
+}
+
 TEST_CASE("train.gradient_checkpointing=auto: the fewest recomputed FLOPs whose plan fits the GPU", "[unit][train]") {
   const std::string dir = std::string(PI0_SOURCE_DIR) + "/configs/";
   const auto cfg = config::load_config(dir + "pi0_libero.yaml", {"train.gradient_checkpointing=auto"});
