@@ -137,14 +137,11 @@ model::RtcRequest rtc_request(const io::Bundle& bundle, const RtcSettings& setti
   const auto& rows = chunk.robot_rows;
   if (rows.dim() != 3 || rows.size(1) == 0)
     throw UserError(source + ": prev_action_chunk must hold at least one row of actions");
-  if (!torch::isfinite(rows.to(torch::kFloat32)).all().item<bool>())
-    throw UserError(source + ": prev_action_chunk holds a non-finite value (NaN or inf)");
-  if (chunk.delay < 0 || chunk.delay > rows.size(1))
-    throw UserError(source + ": inference_delay is " + std::to_string(chunk.delay) + "; expected 0.." +
-                    std::to_string(rows.size(1)) + " (the rows of prev_action_chunk)");
-  if (rows.size(1) > h)
-    throw UserError(source + ": prev_action_chunk has " + std::to_string(rows.size(1)) + " rows; at most the action horizon (" +
-                    std::to_string(h) + ")");
+  // The rows in model space, checked as any request the model takes (finite, the delay within the rows, the rows
+  // within the horizon: model::check_rtc_request), before the mode is resolved from the delay.
+  r.prev = model_actions(bundle, rows, raw_state_BS, source);
+  r.mode = model::RtcMode::kGuided;
+  model::check_rtc_request(r, h, bundle.config.model.action_dim, source);
   if (chunk.execute_horizon != -1 && (chunk.execute_horizon < chunk.delay || chunk.execute_horizon > h))
     throw UserError(source + ": execute_horizon is " + std::to_string(chunk.execute_horizon) + "; expected " +
                     std::to_string(chunk.delay) + ".." + std::to_string(h) + " (from inference_delay to the horizon)");
@@ -161,8 +158,6 @@ model::RtcRequest rtc_request(const io::Bundle& bundle, const RtcSettings& setti
     // the previous rows, so the seam stays smooth.
     r.mode = chunk.delay > 0 && chunk.delay <= trained ? model::RtcMode::kTrained : model::RtcMode::kGuided;
   }
-  r.prev = model_actions(bundle, rows, raw_state_BS, source);
-  model::check_rtc_request(r, h, bundle.config.model.action_dim, source);
   return r;
 }
 
