@@ -44,8 +44,9 @@ if [ "${1:-}" = "--gpu" ]; then
     row "gpu_train_$m" "$BUILD/bench_train" --config "configs/${m}_libero.yaml" --device cuda --batches 32 \
       --precisions bf16-mixed "${GSTEPS[@]}" --workers 8 --checkpointing-modes $MODES --peak-tflops "$PEAK" \
       --json "$GOUT/gpu_train_$m.json"
+    # Issue 36: the simplified weights against the module path, eager and graphed, batch 1 and 8.
     row "gpu_infer_$m" "$BUILD/bench_infer" --config "configs/${m}_libero.yaml" --device cuda --dtype bf16 \
-      --cameras 1,3 --iters $ITERS --cuda-graph off,on --json "$GOUT/gpu_infer_$m.json"
+      --cameras 1,3 --batches 1,8 --iters $ITERS --cuda-graph off,on --fused off,on --json "$GOUT/gpu_infer_$m.json"
   done
   # Real-time chunking's cost per denoise step (issue 35): off and trained replay the CUDA graph; guided runs eager,
   # the exact product with one backward pass of the action expert per step.
@@ -110,7 +111,8 @@ run loader "$BUILD/bench_loader" --batches 20 --repeats 3 --train-json "$OUT/tra
 run safetensors "$BUILD/bench_safetensors_load" --size-gb $GB
 run checkpoint_verify "$BUILD/bench_checkpoint_verify" --size-gb $GB
 run ddp "$BUILD/bench_ddp" --ranks 2 --steps 12 --batch-size 16 --shard all
-run infer "$BUILD/bench_infer" --config configs/bench_cpu.yaml --dtype float32 --cameras 1,3 --iters 5 --json "$OUT/infer.json"
+run infer "$BUILD/bench_infer" --config configs/bench_cpu.yaml --dtype float32 --cameras 1,3 --iters 5 --fused off,on \
+  --json "$OUT/infer.json"
 # Real-time chunking's cost per step on the CPU (issue 35): plain, trained, guided with the identity and the exact product.
 run infer_rtc "$BUILD/bench_infer" --config configs/bench_cpu.yaml --dtype float32 --cameras 1 --iters 5 \
   --rtc off,trained,guided-identity,guided-exact --rtc-delay 5 --json "$OUT/infer_rtc.json"

@@ -48,7 +48,8 @@ std::vector<double> losses(const std::string& run_dir) {
 
 }  // namespace
 
-TEST_CASE("CUDA equals CPU: loss and sampling, float32 and bf16, explicit and SDPA, CUDA graph", "[cuda]") {
+TEST_CASE("CUDA equals CPU: loss and sampling, float32 and bf16, explicit and SDPA, CUDA graph, simplified weights",
+          "[cuda]") {
   if (!cuda_usable("CUDA vs CPU equivalence")) return;
   const torch::Device gpu("cuda");
   for (bool pi05 : {false, true}) {
@@ -65,6 +66,7 @@ TEST_CASE("CUDA equals CPU: loss and sampling, float32 and bf16, explicit and SD
       torch::NoGradGuard no_grad;
       ref_loss = cpu_model->compute_loss(obs, actions, noise, time);
     }
+    cpu_model->set_fused_inference(false);  // the reference: the modules' own forward on the CPU
     ref_sample = cpu_model->sample_actions(obs, noise, 10);
     model::Pi0 gpu_model(o);
     {
@@ -80,10 +82,12 @@ TEST_CASE("CUDA equals CPU: loss and sampling, float32 and bf16, explicit and SD
       for (auto impl : {model::AttentionImpl::kExplicit, model::AttentionImpl::kSdpa}) {
         if (impl == model::AttentionImpl::kSdpa && !model::sdpa_available()) continue;
         gpu_model->set_attention_impl(impl);
-        for (bool graph : {false, true}) {
+        for (bool graph : {false, true})
+        for (bool fused : {false, true}) {
           INFO("pi05=" << pi05 << " dtype=" << dtype << " sdpa=" << (impl == model::AttentionImpl::kSdpa)
-                       << " cuda_graph=" << graph);
+                       << " cuda_graph=" << graph << " fused=" << fused);
           gpu_model->set_cuda_graph(graph);
+          gpu_model->set_fused_inference(fused);
           torch::Tensor loss;
           {
             torch::NoGradGuard no_grad;
@@ -98,6 +102,10 @@ TEST_CASE("CUDA equals CPU: loss and sampling, float32 and bf16, explicit and SD
           auto other = torch::randn_like(noise);
           auto s3 = gpu_model->sample_actions(gobs, other.to(gpu), 10).cpu();
           CHECK(max_rel_error(s3, cpu_model->sample_actions(obs, other, 10)) < tol);
+          // A new observation through the same graphs: the prefix pass (SigLIP included) is replayed, not kept.
+          const auto obs2 = testing::random_observation(o, 2, 3, /*pad=*/1);
+          auto s4 = gpu_model->sample_actions(to_device(obs2, gpu), noise.to(gpu), 10).cpu();
+          CHECK(max_rel_error(s4, cpu_model->sample_actions(obs2, noise, 10)) < tol);
         }
       }
     }

@@ -7,11 +7,7 @@
 #include <map>
 #include <tuple>
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-#define PI0_HAVE_SDPA 1
-#else
-#define PI0_HAVE_SDPA 0
-#endif
+#include "pi0/nn/sdpa.h"
 #if defined(PI0_WITH_CUDA) && TORCH_VERSION_MAJOR >= 2
 #define PI0_HAVE_CUDA_GRAPH 1
 #include <ATen/cuda/CUDAGraph.h>
@@ -23,6 +19,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/model/flow_matching.h"
+#include "pi0/model/fused_inference.h"
 #include "pi0/nn/attention_mask.h"
 #include "pi0/nn/checkpoint.h"
 #include "pi0/nn/matmul.h"
@@ -283,7 +280,8 @@ Pi0Impl::Embedded Pi0Impl::embed_prefix(const Observation& obs) {
   auto& pwe = *paligemma_with_expert;
   // All cameras go through SigLIP as one batch.
   auto images = n_cam == 1 ? obs.images[0] : torch::cat(obs.images, 0);
-  auto img_tokens = pwe.projector->forward(pwe.vision->forward(images, compute_dtype_, checkpointed_.vision));
+  auto img_tokens = pwe.projector->forward(
+      pwe.vision->forward(images, compute_dtype_, checkpointed_.vision, uses_sdpa(images.device())));
   const int64_t p = img_tokens.size(1);
   std::vector<torch::Tensor> embs, masks;
   for (int64_t c = 0; c < n_cam; ++c) {
@@ -405,18 +403,22 @@ torch::Tensor Pi0Impl::attention_mask_for(const torch::Tensor& mask, const torch
   return uses_sdpa(like.device()) ? attention_bias(mask, like.scalar_type()) : mask;
 }
 
-// Captured denoising loops, one per input signature. The graph reads and writes fixed buffers: each call copies
-// its prefix cache, masks, state and noise in, replays, and copies the result out.
+// Captured sampling calls, one per input signature: the prefix pass and the denoising loop, each a graph reading and
+// writing fixed buffers (the prefix graph's KV cache is the denoising graph's input). Each call copies its
+// observation and noise in, replays both and copies the result out.
 struct Pi0Impl::GraphCache {
 #if PI0_HAVE_CUDA_GRAPH
   struct Entry {
-    at::cuda::CUDAGraph graph;
-    KVCache cache;
-    torch::Tensor pad_mask, state, x_in, x_out;
+    at::cuda::CUDAGraph prefix_graph, denoise_graph;
+    Observation obs;  // the inputs
+    torch::Tensor x_in, x_out;
     torch::Tensor prefix, mask;  // real-time chunking's trained mode: the committed rows and their mask
+    KVCache cache;               // the prefix graph's outputs
+    torch::Tensor pad_mask;
   };
-  // batch, prefix tokens, steps, compute dtype, device index, attention path, trained real-time chunking
-  using Key = std::tuple<int64_t, int64_t, int64_t, int, int, bool, bool>;
+  // batch, cameras, image side, prompt tokens, steps, compute dtype, device index, attention path, trained
+  // real-time chunking, simplified weights
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, bool, bool>;
   std::map<Key, std::unique_ptr<Entry>> entries;
 #endif
 };
@@ -439,24 +441,62 @@ torch::Tensor Pi0Impl::velocity_cached(const KVCache& cache, const torch::Tensor
   return action_out_proj->forward(nn::upcast(out.suffix.narrow(1, ts - h, h)));
 }
 
+Pi0Impl::Prefilled Pi0Impl::prefill(const Observation& obs, FusedWeights* fused) {
+  auto prefix = embed_prefix(obs);
+  Prefilled out;
+  out.pad_mask = prefix.pad_mask;
+  if (fused) {
+    out.cache = fused_prefix_cache(*this, *fused, prefix);
+  } else {
+    paligemma_with_expert->forward(prefix.embs, torch::Tensor(),
+                                   attention_mask_for(nn::make_attn_mask(prefix.pad_mask, prefix.ar_mask), prefix.embs),
+                                   nn::positions_from_mask(prefix.pad_mask), torch::Tensor(), nullptr, &out.cache, 0);
+  }
+  return out;
+}
+
 torch::Tensor Pi0Impl::denoise(const KVCache& cache, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
-                               torch::Tensor x, int64_t num_steps, const std::function<void()>& after_step,
-                               const torch::Tensor& trained_prefix, const torch::Tensor& trained_mask) {
+                               torch::Tensor x, int64_t num_steps, FusedWeights* fused,
+                               const std::function<void()>& after_step, const torch::Tensor& trained_prefix,
+                               const torch::Tensor& trained_mask, const RtcRequest* guided) {
   const int64_t b = x.size(0);
   auto f32 = torch::TensorOptions().dtype(x.scalar_type()).device(x.device());
-  const auto velocity = [&](const torch::Tensor& x_t, const torch::Tensor& time) {
+  SuffixContext ctx;
+  if (fused) ctx = suffix_context(*this, prefix_pad_mask, state, b, x.device());
+  const VelocityField velocity = [&](const torch::Tensor& x_t, const torch::Tensor& time) {
+    if (fused) return fused_velocity(*this, *fused, cache, ctx, x_t, time_branch(*this, *fused, time));
     return velocity_cached(cache, prefix_pad_mask, state, x_t, time);
   };
+  if (guided) return rtc_sample(velocity, x, num_steps, *guided, after_step);
   if (trained_prefix.defined()) return rtc_sample_trained(velocity, x, num_steps, trained_prefix, trained_mask, after_step);
+  const auto* branches = fused ? &schedule_branches(*this, *fused, num_steps, x.device()) : nullptr;
   // Time advances in float32 like the reference's `t + dt` loop.
   const float dt = -1.0f / static_cast<float>(num_steps);
   float t = 1.0f;
   for (int64_t step = 0; step < num_steps; ++step) {
-    x = x + dt * velocity(x, torch::full({b}, t, f32));
+    const auto v = branches ? fused_velocity(*this, *fused, cache, ctx, x, (*branches)[static_cast<size_t>(step)])
+                            : velocity(x, torch::full({b}, t, f32));
+    x = x + dt * v;
     t += dt;
     if (after_step) after_step();
   }
   return x;
+}
+
+FusedWeights* Pi0Impl::fused_for_sampling(bool use_kv_cache) {
+  // Graphs read the simplified weights and the modules' cast copies by address: both go when any weight changes.
+  auto signature = weights_signature(*this);
+  if (signature != sampled_weights_) {
+    fused_.reset();
+    graphs_.reset();
+    sampled_weights_ = std::move(signature);
+  }
+  if (!use_kv_cache || !fused_inference_ || paligemma_with_expert->layer_gate) return nullptr;
+  if (!fused_ || fused_->dtype != compute_dtype_) {
+    graphs_.reset();
+    fused_ = std::make_unique<FusedWeights>(fuse_weights(*this, compute_dtype_));
+  }
+  return fused_.get();
 }
 
 torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torch::Tensor> noise, int64_t num_steps,
@@ -475,106 +515,109 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
   auto f32 = torch::TensorOptions().dtype(acc).device(obs.state.device());
   auto x = noise ? noise->to(f32) : torch::randn({b, h, options_.action_dim}, f32);
   const auto device = obs.state.device();
+  FusedWeights* fused = fused_for_sampling(use_kv_cache);
   if (timing) {
     *timing = SampleTiming{};
     if (device.is_cuda()) torch::cuda::synchronize(device.index());
   }
   auto clock = std::chrono::steady_clock::now();
-  auto prefix = embed_prefix(obs);
-  KVCache cache;
-  auto& pwe = *paligemma_with_expert;
-  if (use_kv_cache) {
-    pwe.forward(prefix.embs, torch::Tensor(),
-                attention_mask_for(nn::make_attn_mask(prefix.pad_mask, prefix.ar_mask), prefix.embs),
-                nn::positions_from_mask(prefix.pad_mask), torch::Tensor(), nullptr, &cache, 0);
-  }
-  if (timing) {
-    timing->prefix_ms = elapsed_ms(clock, device);
+  const auto lap = [&] {
+    const double ms = elapsed_ms(clock, device);
     clock = std::chrono::steady_clock::now();
-  }
+    return ms;
+  };
   if (!use_kv_cache) {
+    auto prefix = embed_prefix(obs);
+    if (timing) timing->prefix_ms = lap();
     const float dt = -1.0f / static_cast<float>(num_steps);
     float t = 1.0f;
     for (int64_t step = 0; step < num_steps; ++step) {
       x = x + dt * velocity_full(prefix, obs.state, x, torch::full({b}, t, f32));
       t += dt;
-      if (timing) {
-        timing->step_ms.push_back(elapsed_ms(clock, device));
-        clock = std::chrono::steady_clock::now();
-      }
+      if (timing) timing->step_ms.push_back(lap());
     }
     return x;
   }
-  const auto state = obs.state.to(f32);
   torch::Tensor trained_prefix, trained_mask;
   if (rtc && rtc->mode == RtcMode::kTrained) std::tie(trained_prefix, trained_mask) = rtc_trained_prefix(*rtc, h, f32);
-  std::function<void()> after_step;
-  if (timing) {
-    after_step = [&] {
-      timing->step_ms.push_back(elapsed_ms(clock, device));
-      clock = std::chrono::steady_clock::now();
-    };
-  }
-  if (rtc && rtc->mode == RtcMode::kGuided) {  // eager: the exact product's backward pass is not captured
-    RtcRequest on_device = *rtc;
-    on_device.prev = rtc->prev.to(f32);
-    const auto velocity = [&](const torch::Tensor& x_t, const torch::Tensor& time) {
-      return velocity_cached(cache, prefix.pad_mask, state, x_t, time);
-    };
-    return rtc_sample(velocity, x, num_steps, on_device, after_step);
-  }
+  const bool guided = rtc && rtc->mode == RtcMode::kGuided;  // eager: the exact product's backward is not captured
 #if PI0_HAVE_CUDA_GRAPH
-  if (cuda_graph_ && device.is_cuda()) {
+  if (cuda_graph_ && device.is_cuda() && !guided) {
     if (!graphs_) graphs_ = std::make_unique<GraphCache>();
     const bool trained = trained_prefix.defined();
-    const GraphCache::Key key{b, prefix.pad_mask.size(1), num_steps, static_cast<int>(compute_dtype_),
-                              device.index(), uses_sdpa(device), trained};
+    const GraphCache::Key key{b, static_cast<int64_t>(obs.images.size()), obs.images.at(0).size(-1),
+                              obs.tokenized_prompt.size(1), num_steps, static_cast<int>(compute_dtype_),
+                              device.index(), uses_sdpa(device), trained, fused != nullptr};
     auto& slot = graphs_->entries[key];
     const bool fresh = !slot;
-    if (fresh) {  // the graph's fixed input buffers
+    if (fresh) {  // the graphs' fixed input buffers
       slot = std::make_unique<GraphCache::Entry>();
-      for (size_t l = 0; l < cache.k.size(); ++l) {
-        slot->cache.k.push_back(torch::empty_like(cache.k[l]));
-        slot->cache.v.push_back(torch::empty_like(cache.v[l]));
-      }
-      slot->pad_mask = torch::empty_like(prefix.pad_mask);
-      slot->state = torch::empty_like(state);
+      for (const auto& t : obs.images) slot->obs.images.push_back(torch::empty_like(t));
+      for (const auto& t : obs.image_masks) slot->obs.image_masks.push_back(torch::empty_like(t));
+      slot->obs.state = torch::empty_like(obs.state);
+      slot->obs.tokenized_prompt = torch::empty_like(obs.tokenized_prompt);
+      slot->obs.tokenized_prompt_mask = torch::empty_like(obs.tokenized_prompt_mask);
       slot->x_in = torch::empty_like(x);
       if (trained) slot->prefix = torch::empty_like(trained_prefix), slot->mask = torch::empty_like(trained_mask);
     }
-    if (trained) slot->prefix.copy_(trained_prefix), slot->mask.copy_(trained_mask);
-    for (size_t l = 0; l < cache.k.size(); ++l) {
-      slot->cache.k[l].copy_(cache.k[l]);
-      slot->cache.v[l].copy_(cache.v[l]);
+    for (size_t c = 0; c < obs.images.size(); ++c) {
+      slot->obs.images[c].copy_(obs.images[c]);
+      slot->obs.image_masks[c].copy_(obs.image_masks[c]);
     }
-    slot->pad_mask.copy_(prefix.pad_mask);
-    slot->state.copy_(state);
+    slot->obs.state.copy_(obs.state);
+    slot->obs.tokenized_prompt.copy_(obs.tokenized_prompt);
+    slot->obs.tokenized_prompt_mask.copy_(obs.tokenized_prompt_mask);
     slot->x_in.copy_(x);
+    if (trained) slot->prefix.copy_(trained_prefix), slot->mask.copy_(trained_mask);
     if (fresh) {
-      // Capture on a side stream after one eager warm-up there (lazy library initialization — cuBLAS handles and
-      // workspaces, the Dense cast caches — must not happen inside the capture).
+      auto& e = *slot;
+      const auto run_prefix = [&] {
+        auto p = prefill(e.obs, fused);
+        e.cache = std::move(p.cache);
+        e.pad_mask = p.pad_mask;
+      };
+      const auto run_denoise = [&] {
+        return denoise(e.cache, e.pad_mask, e.obs.state.to(acc), e.x_in, num_steps, fused, {}, e.prefix, e.mask);
+      };
+      // Capture on a side stream after one eager run there (lazy initialization — cuBLAS handles and workspaces,
+      // the Dense cast caches, the schedule's time branches — must not happen inside a capture).
       auto stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
       stream.synchronize();
       c10::cuda::CUDAStreamGuard guard(stream);
       torch::cuda::synchronize(device.index());
-      denoise(slot->cache, slot->pad_mask, slot->state, slot->x_in, num_steps, {}, slot->prefix, slot->mask);
+      run_prefix();
+      run_denoise();
       stream.synchronize();
-      slot->graph.capture_begin();
-      slot->x_out = denoise(slot->cache, slot->pad_mask, slot->state, slot->x_in, num_steps, {}, slot->prefix,
-                            slot->mask);
-      slot->graph.capture_end();
+      e.prefix_graph.capture_begin();
+      run_prefix();
+      e.prefix_graph.capture_end();
+      e.denoise_graph.capture_begin();
+      e.x_out = run_denoise();
+      e.denoise_graph.capture_end();
       stream.synchronize();
     }
-    slot->graph.replay();
+    slot->prefix_graph.replay();
+    if (timing) timing->prefix_ms = lap();
+    slot->denoise_graph.replay();
     x = slot->x_out.clone();
     if (timing) {
-      const double total = elapsed_ms(clock, device);
+      const double total = lap();
       for (int64_t step = 0; step < num_steps; ++step) timing->step_ms.push_back(total / num_steps);
     }
     return x;
   }
 #endif
-  return denoise(cache, prefix.pad_mask, state, x, num_steps, after_step, trained_prefix, trained_mask);
+  auto pre = prefill(obs, fused);
+  if (timing) timing->prefix_ms = lap();
+  const auto state = obs.state.to(f32);
+  std::function<void()> after_step;
+  if (timing) after_step = [&] { timing->step_ms.push_back(lap()); };
+  if (guided) {
+    RtcRequest on_device = *rtc;
+    on_device.prev = rtc->prev.to(f32);
+    return denoise(pre.cache, pre.pad_mask, state, x, num_steps, fused, after_step, {}, {}, &on_device);
+  }
+  return denoise(pre.cache, pre.pad_mask, state, x, num_steps, fused, after_step, trained_prefix, trained_mask);
 }
 
 }  // namespace pi0::model

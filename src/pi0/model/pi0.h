@@ -7,6 +7,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -17,6 +19,8 @@
 #include "pi0/nn/rope.h"
 
 namespace pi0::model {
+
+struct FusedWeights;  // model/fused_inference.h
 
 struct Pi0Options {
   bool pi05 = false;                                         ///< pi0.5: adaRMS time conditioning, no state token
@@ -135,9 +139,17 @@ class Pi0Impl : public torch::nn::Module {
   AttentionImpl attention_impl() const { return attention_impl_; }
   /// Whether passes on `device` use SDPA under the current setting.
   bool uses_sdpa(const torch::Device& device) const;
-  /// sample_actions on CUDA with the KV cache: capture the denoising loop in a CUDA graph per input shape and
-  /// replay it (the 10 suffix passes are small and launch-bound). No effect on CPU or without CUDA support.
+  /// sample_actions on CUDA with the KV cache: capture the whole call in CUDA graphs per input shape (the prefix
+  /// pass, SigLIP included, and the denoising loop, replayed back to back with no host synchronization) and replay
+  /// them: the passes are made of many small kernels and launch-bound. Real-time chunking's guided mode stays
+  /// eager. No effect on CPU or without CUDA support.
   void set_cuda_graph(bool on) { cuda_graph_ = on; }
+  /// sample_actions with the KV cache runs on a simplified copy of the weights (model/fused_inference.h: norms
+  /// folded, QKV and gate/up stacked, the time branch precomputed), made on first use and again whenever the
+  /// weights change; off: the modules' own forward (the reference path). On by default; off while a layer gate is
+  /// set (train.offload updates the weights layer by layer).
+  void set_fused_inference(bool on) { fused_inference_ = on; }
+  bool fused_inference() const { return fused_inference_; }
   /// Called before each SigLIP and joint layer's forward (train.offload: the host updates the weights in the
   /// forward's order while the next step starts, and each layer waits for its own); empty: none.
   void set_layer_gate(LayerGate gate);
@@ -178,12 +190,23 @@ class Pi0Impl : public torch::nn::Module {
   // v(x, t) of one suffix pass against a fixed prefix cache (t [B] or [B,H]).
   torch::Tensor velocity_cached(const KVCache& cache, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
                                 const torch::Tensor& x, const torch::Tensor& time);
-  // The Euler loop over suffix passes against a fixed prefix cache; returns the final x. `trained_prefix` and
-  // `trained_mask` (both or neither): real-time chunking's trained mode (model/rtc.h). `after_step`, when given,
-  // runs after each step (per-step timing).
+  // embed_prefix and the prefix pass: the per-layer KV cache and the prefix's padding mask.
+  struct Prefilled {
+    KVCache cache;
+    torch::Tensor pad_mask;
+  };
+  Prefilled prefill(const Observation& obs, FusedWeights* fused);
+  // The Euler loop over suffix passes against a fixed prefix cache; returns the final x. `fused`: on the simplified
+  // weights, else through the modules. `trained_prefix` and `trained_mask` (both or neither): real-time chunking's
+  // trained mode; `guided` (prev on x's device): its guided mode (model/rtc.h). `after_step`, when given, runs after
+  // each step (per-step timing).
   torch::Tensor denoise(const KVCache& cache, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
-                        torch::Tensor x, int64_t num_steps, const std::function<void()>& after_step = {},
-                        const torch::Tensor& trained_prefix = {}, const torch::Tensor& trained_mask = {});
+                        torch::Tensor x, int64_t num_steps, FusedWeights* fused,
+                        const std::function<void()>& after_step = {}, const torch::Tensor& trained_prefix = {},
+                        const torch::Tensor& trained_mask = {}, const RtcRequest* guided = nullptr);
+  // The simplified weights for sampling now (made or remade as needed), or null when sampling goes through the
+  // modules. Drops them and the captured graphs when the weights changed since they were made.
+  FusedWeights* fused_for_sampling(bool use_kv_cache);
   // The joint mask of a pass in the representation the attention path takes (bool, or SDPA's additive bias).
   torch::Tensor attention_mask_for(const torch::Tensor& mask, const torch::Tensor& like) const;
 
@@ -191,8 +214,11 @@ class Pi0Impl : public torch::nn::Module {
   CheckpointedLayers checkpointed_;  // none by default
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   bool cuda_graph_ = false;
-  struct GraphCache;  // captured denoising loops (CUDA builds only)
+  bool fused_inference_ = true;
+  struct GraphCache;  // captured sampling calls (CUDA builds only)
   std::unique_ptr<GraphCache> graphs_;
+  std::unique_ptr<FusedWeights> fused_;
+  std::vector<std::pair<const void*, int64_t>> sampled_weights_;  // weights_signature when fused_/graphs_ were made
 };
 TORCH_MODULE(Pi0);
 

@@ -7,6 +7,7 @@
 #include "pi0/nn/checkpoint.h"
 #include "pi0/nn/matmul.h"
 #include "pi0/nn/param_device.h"
+#include "pi0/nn/sdpa.h"
 
 namespace pi0::model {
 
@@ -42,10 +43,18 @@ SiglipAttentionImpl::SiglipAttentionImpl(int64_t width, int64_t heads) : num_hea
   out_proj = d("out_proj");
 }
 
-torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor SiglipAttentionImpl::forward(const torch::Tensor& x, bool sdpa) {
   const int64_t b = x.size(0), p = x.size(1), w = x.size(2), d = w / num_heads;
   auto split = [&](const torch::Tensor& t) { return t.view({b, p, num_heads, d}).transpose(1, 2); };  // [B,N,P,D]
   auto q = split(q_proj->forward(x)), k = split(k_proj->forward(x)), v = split(v_proj->forward(x));
+  if (sdpa) {
+#if PI0_HAVE_SDPA
+    auto out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, 1.0 / std::sqrt(double(d)));
+    return out_proj->forward(out.transpose(1, 2).reshape({b, p, w}));
+#else
+    PI0_CHECK(false, "SDPA attention needs LibTorch >= 2.1");
+#endif
+  }
   auto logits = nn::upcast(nn::matmul(q, k.transpose(-1, -2))) * (1.0 / std::sqrt(double(d)));
   auto probs = torch::softmax(logits, -1).to(x.scalar_type());
   auto out = nn::matmul(probs, v).transpose(1, 2).reshape({b, p, w});
@@ -66,8 +75,8 @@ SiglipEncoderLayerImpl::SiglipEncoderLayerImpl(const SiglipOptions& o) {
   fc2->bias.normal_(0.0, 1e-6);
 }
 
-torch::Tensor SiglipEncoderLayerImpl::forward(const torch::Tensor& x) {
-  auto h = x + self_attn->forward(layer_norm1->forward(x));
+torch::Tensor SiglipEncoderLayerImpl::forward(const torch::Tensor& x, bool sdpa) {
+  auto h = x + self_attn->forward(layer_norm1->forward(x), sdpa);
   return h + fc2->forward(nn::gelu_tanh(fc1->forward(layer_norm2->forward(h))));
 }
 
@@ -91,7 +100,7 @@ SiglipImpl::SiglipImpl(SiglipOptions o) : options(o) {
 }
 
 torch::Tensor SiglipImpl::forward(const torch::Tensor& images, torch::ScalarType compute_dtype,
-                                  int64_t checkpointed_layers) {
+                                  int64_t checkpointed_layers, bool sdpa) {
   PI0_CHECK(images.dim() == 4 && images.size(1) == 3, "SigLIP expects [B,3,S,S] images, got ", images.sizes());
   PI0_CHECK(images.size(2) == options.image_size && images.size(3) == options.image_size,
             "SigLIP was built for ", options.image_size, "x", options.image_size, " images, got ", images.sizes());
@@ -104,10 +113,11 @@ torch::Tensor SiglipImpl::forward(const torch::Tensor& images, torch::ScalarType
     auto& layer = layers[static_cast<size_t>(l)];
     if (layer_gate) layer_gate(LayerStack::kVision, l);
     if (l < checkpointed_layers) {
-      x = nn::checkpoint([layer](const nn::TensorList& in) mutable { return nn::TensorList{layer->forward(in[0])}; },
-                         {x}, *layer)[0];
+      x = nn::checkpoint(
+          [layer, sdpa](const nn::TensorList& in) mutable { return nn::TensorList{layer->forward(in[0], sdpa)}; }, {x},
+          *layer)[0];
     } else {
-      x = layer->forward(x);
+      x = layer->forward(x, sdpa);
     }
   }
   return post_layernorm->forward(x);

@@ -37,7 +37,9 @@ TORCH_MODULE(LayerNorm32);
 class SiglipAttentionImpl : public torch::nn::Module {
  public:
   SiglipAttentionImpl(int64_t width, int64_t num_heads);
-  torch::Tensor forward(const torch::Tensor& x);  ///< bidirectional MHA, x [B,P,W]
+  /// Bidirectional MHA, x [B,P,W]. sdpa: at::scaled_dot_product_attention (on CUDA a fused kernel that never
+  /// materializes the [B,N,P,P] logits); otherwise matmul → float32 softmax → matmul, the reference's arithmetic.
+  torch::Tensor forward(const torch::Tensor& x, bool sdpa = false);
   int64_t num_heads;
   nn::Dense q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
 };
@@ -46,7 +48,7 @@ TORCH_MODULE(SiglipAttention);
 class SiglipEncoderLayerImpl : public torch::nn::Module {
  public:
   explicit SiglipEncoderLayerImpl(const SiglipOptions& o);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, bool sdpa = false);
   LayerNorm32 layer_norm1{nullptr}, layer_norm2{nullptr};
   SiglipAttention self_attn{nullptr};
   nn::Dense fc1{nullptr}, fc2{nullptr};  ///< registered as mlp.fc1 / mlp.fc2
@@ -58,8 +60,9 @@ class SiglipImpl : public torch::nn::Module {
  public:
   explicit SiglipImpl(SiglipOptions o);
   /// images [B,3,S,S] float in [-1,1] → tokens [B,P,W] in `compute_dtype`. The first `checkpointed_layers`
-  /// blocks' activations are recomputed in backward.
-  torch::Tensor forward(const torch::Tensor& images, torch::ScalarType compute_dtype, int64_t checkpointed_layers);
+  /// blocks' activations are recomputed in backward. sdpa: attention through SDPA (SiglipAttentionImpl).
+  torch::Tensor forward(const torch::Tensor& images, torch::ScalarType compute_dtype, int64_t checkpointed_layers,
+                        bool sdpa = false);
 
   SiglipOptions options;
   /// Called before each encoder layer's forward (train.offload's wait for the layer's weights); empty: none.

@@ -26,6 +26,19 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables) {
   return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1).to(x.scalar_type());
 }
 
+RotaryTables rotary_tables(const RopeTables& tables) {
+  return {torch::cat({tables.cos, tables.cos}, -1), torch::cat({-tables.sin, tables.sin}, -1)};
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const RotaryTables& tables) {
+  const int64_t d = x.size(-1);
+  auto x32 = upcast(x);
+  TORCH_CHECK(tables.cos.size(-1) == d && tables.cos.scalar_type() == x32.scalar_type(),
+              "RoPE tables do not match the input (head dim ", d, ", dtype ", x32.scalar_type(), ")");
+  // roll by D/2 puts x2 in the first half and x1 in the second: [x1·cos − x2·sin ; x2·cos + x1·sin].
+  return torch::addcmul(x32 * tables.cos, torch::roll(x32, d / 2, -1), tables.sin).to(x.scalar_type());
+}
+
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta) {
   return apply_rope(x, rope_tables(positions, x.size(-1), upcast(x).scalar_type(), theta));
 }

@@ -19,6 +19,15 @@ RopeTables rope_tables(const torch::Tensor& positions, int64_t head_dim, torch::
 /// apply_rope with precomputed tables (same arithmetic, same result).
 torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& tables);
 
+/// The same rotation as whole-width tables [B,T,1,D]: cos θ over both halves, and sin θ signed (−sin θ on the first
+/// half, +sin θ on the second), so that out = x·cos + roll(x, D/2)·sin. Made once per pass for inference, where
+/// it turns apply_rope's nine kernels into five (same products; the sum may be fused, a float32 rounding apart).
+struct RotaryTables {
+  torch::Tensor cos, sin;
+};
+RotaryTables rotary_tables(const RopeTables& tables);
+torch::Tensor apply_rope(const torch::Tensor& x, const RotaryTables& tables);
+
 /// Sinusoidal timestep embedding (openpi posemb_sincos): t [B] → [B, dim], sin half first; computed in float64.
 torch::Tensor posemb_sincos(const torch::Tensor& t, int64_t dim, double min_period = 4e-3, double max_period = 4.0);
 

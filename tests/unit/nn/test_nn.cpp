@@ -57,6 +57,23 @@ TEST_CASE("RoPE rotates split halves with theta 10000", "[unit][nn]") {
   CHECK(nn::apply_rope(z.to(torch::kBFloat16), torch::zeros({2, 3}, torch::kLong)).scalar_type() == torch::kBFloat16);
 }
 
+TEST_CASE("RoPE as whole-width tables (x·cos + roll(x)·sin) equals the split-half form", "[unit][nn]") {
+  // float32 1e-6: the same products, the sum possibly fused; bf16: one rounding of nearly equal values.
+  torch::manual_seed(3);
+  const auto x = torch::randn({2, 5, 3, 16});
+  const auto pos = torch::randint(0, 40, {2, 5}, torch::kLong);
+  const auto half = nn::rope_tables(pos, 16, torch::kFloat32);
+  const auto full = nn::rotary_tables(half);
+  CHECK(testing::max_rel_error(nn::apply_rope(x, full), nn::apply_rope(x, half)) < 1e-6);
+  // A strided view (q and k of a stacked projection) rotates like its contiguous copy.
+  const auto stacked = torch::randn({2, 5, 4 * 16});
+  const auto view = stacked.narrow(-1, 0, 3 * 16).view({2, 5, 3, 16});
+  CHECK(testing::max_rel_error(nn::apply_rope(view, full), nn::apply_rope(view.contiguous(), half)) < 1e-6);
+  const auto xb = x.to(torch::kBFloat16);
+  CHECK(nn::apply_rope(xb, full).scalar_type() == torch::kBFloat16);
+  CHECK(testing::max_rel_error(nn::apply_rope(xb, full), nn::apply_rope(xb, half)) < 1e-2);
+}
+
 TEST_CASE("attention mask and positions: pi0 layout with a masked camera and a padded token", "[unit][nn]") {
   // tokens: imgA (valid), imgB (camera masked), txt0, txt1 (pad), state, act0, act1
   auto input_mask = bools({1, 0, 1, 0, 1, 1, 1}).view({1, 7});

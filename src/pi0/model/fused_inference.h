@@ -1,0 +1,85 @@
+// Sampling on a simplified copy of the weights: the inference graph with the work a denoise step repeats folded
+// away once, when the weights are first sampled from (and again whenever they change). Each simplification is an
+// identity of the arithmetic, so actions equal the module path's to rounding (float32 ~1e-6, bf16 within its
+// bound; tests/unit/model/test_fused_inference.cpp):
+// - Every plain RMSNorm's scale (1 + w) is folded into the columns of the linears that read it: W·(n ⊙ (1+w)) =
+//   (W·diag(1+w))·n. The final norm's into action_out_proj.
+// - Q, K and V are one matmul (weights stacked), gate and up one more; q's 1/sqrt(D) is folded into Q (D = 16, 64
+//   or 256: a power of two, so exact) and RoPE rotates q and k in one pass.
+// - pi0: action_in_proj and the action half of action_time_mlp_in are one linear (no nonlinearity between them);
+//   the time half is a bias per timestep, and the state token is computed once per call.
+// - pi0.5: the time MLP and every AdaRMSNorm's scale, shift and gate are per-timestep vectors.
+// - The per-timestep values of the fixed Euler schedule are computed once per step count and kept (TimeBranch).
+// - The prefix pass keeps only what the steps read, each layer's keys and values: the last layer's attention
+//   output, MLP and the final norm are skipped.
+// - The suffix mask and RoPE tables are made once per call, not once per step.
+// The copy costs the stacked QKV and gate/up weights once more in the compute dtype (pi0: ~3 GB in bf16); the
+// output and down projections are the model's own (cast once when the model is float32 and computes in bf16).
+// Shapes: B batch, T tokens, W width, N query heads, K kv heads, D head dim, F MLP width, H horizon, A action dim.
+#pragma once
+#include <map>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "pi0/model/pi0.h"
+#include "pi0/nn/rope.h"
+
+namespace pi0::model {
+
+/// One expert layer's weights, folded and stacked, in the compute dtype.
+struct FusedLayer {
+  torch::Tensor qkv;      ///< [(N+2K)·D, W]: q rows (× 1/sqrt(D)), k rows, v rows; the input norm's scale folded in
+  torch::Tensor o;        ///< [W, N·D]
+  torch::Tensor gate_up;  ///< [2F, W]: gate rows, then up rows; the pre-FFW norm's scale folded in
+  torch::Tensor down;     ///< [W, F]
+  double eps_in = 1e-6, eps_post = 1e-6;
+};
+
+/// The time-dependent values of one suffix pass, for time [B] ([B,1,·]: every token alike) or [B,H] (per token).
+/// pi0: `action_bias` float32, action_time_mlp_in's bias plus its time half. pi0.5: for each AdaRMSNorm in order
+/// (layer l's input norm at 2l, its pre-FFW norm at 2l+1, the final norm last) 1 + scale and shift (float32) and
+/// the residual gate (compute dtype).
+struct TimeBranch {
+  torch::Tensor action_bias;
+  std::vector<torch::Tensor> scale1, shift, gate;
+};
+
+struct FusedWeights {
+  torch::ScalarType dtype = torch::kFloat32;  ///< compute dtype the copy was made for
+  std::vector<FusedLayer> prefix, suffix;     ///< the PaliGemma and action-expert layers
+  torch::Tensor out_w, out_b;                 ///< action_out_proj (float32); pi0: the final norm's scale folded in
+  torch::Tensor action_w, time_w, time_b;     ///< pi0: [We,A] folded action linear, [We,We] time half, its bias
+  double eps_final = 1e-6;
+  std::map<int64_t, std::vector<TimeBranch>> schedules;  ///< per step count: the Euler schedule's branches
+};
+
+/// Builds the copy from `m`'s parameters (LoRA factors merged into it) for compute in `dtype`.
+FusedWeights fuse_weights(Pi0Impl& m, torch::ScalarType dtype);
+/// Every parameter's storage and version counter: equal signatures, unchanged weights.
+std::vector<std::pair<const void*, int64_t>> weights_signature(torch::nn::Module& m);
+
+/// The time branch for `time` [B] or [B,H] (float32), computed now.
+TimeBranch time_branch(Pi0Impl& m, const FusedWeights& f, const torch::Tensor& time);
+/// The branches of the schedule t = 1, 1 + dt, … (dt = −1/num_steps, advanced in float32 as the sampler does),
+/// computed on first use for `device` and kept; [1,1,·] tensors that broadcast over any batch.
+const std::vector<TimeBranch>& schedule_branches(Pi0Impl& m, FusedWeights& f, int64_t num_steps,
+                                                 const torch::Device& device);
+
+/// What every suffix pass of one call shares.
+struct SuffixContext {
+  torch::Tensor mask;         ///< [B,Ts,Tp+Ts] bool, or SDPA's additive bias
+  nn::RotaryTables rope;      ///< suffix positions continue after the prefix's valid tokens
+  torch::Tensor state_token;  ///< pi0: state_proj(state) [B,1,We] float32
+};
+SuffixContext suffix_context(Pi0Impl& m, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
+                             int64_t batch, const torch::Device& device);
+
+/// The prefix pass: each layer's post-RoPE keys and values for `prefix` (embed_prefix's output).
+KVCache fused_prefix_cache(Pi0Impl& m, const FusedWeights& f, const Pi0Impl::Embedded& prefix);
+/// Velocity [B,H,A] float32 of one suffix pass at x [B,H,A] against the prefix cache.
+torch::Tensor fused_velocity(Pi0Impl& m, const FusedWeights& f, const KVCache& cache, const SuffixContext& ctx,
+                             const torch::Tensor& x, const TimeBranch& time);
+
+}  // namespace pi0::model
