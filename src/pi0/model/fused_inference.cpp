@@ -190,14 +190,15 @@ TimeBranch time_branch(Pi0Impl& m, const FusedWeights& f, const torch::Tensor& t
   return tb;
 }
 
-const std::vector<TimeBranch>& schedule_branches(Pi0Impl& m, FusedWeights& f, int64_t num_steps,
+const std::vector<TimeBranch>& schedule_branches(Pi0Impl& m, FusedWeights& f, int64_t num_steps, int64_t batch,
                                                  const torch::Device& device) {
-  auto& branches = f.schedules[num_steps];
+  auto& branches = f.schedules[{num_steps, batch}];
   if (branches.empty()) {
     const auto opts = torch::TensorOptions().dtype(accumulation(f.dtype)).device(device);
     const float dt = -1.0f / static_cast<float>(num_steps);  // the sampler's float32 time
     float t = 1.0f;
-    for (int64_t step = 0; step < num_steps; ++step, t += dt) branches.push_back(time_branch(m, f, torch::full({1}, t, opts)));
+    for (int64_t step = 0; step < num_steps; ++step, t += dt)
+      branches.push_back(time_branch(m, f, torch::full({batch}, t, opts)));
   }
   return branches;
 }

@@ -52,7 +52,9 @@ struct FusedWeights {
   torch::Tensor out_w, out_b;                 ///< action_out_proj (float32); pi0: the final norm's scale folded in
   torch::Tensor action_w, time_w, time_b;     ///< pi0: [We,A] folded action linear, [We,We] time half, its bias
   double eps_final = 1e-6;
-  std::map<int64_t, std::vector<TimeBranch>> schedules;  ///< per step count: the Euler schedule's branches
+  /// Per (step count, batch): the Euler schedule's branches, made from the same [B] time tensors a step without the
+  /// table would use, so that both give the same bits (guided real-time chunking with a zero mask is plain sampling).
+  std::map<std::pair<int64_t, int64_t>, std::vector<TimeBranch>> schedules;
 };
 
 /// Builds the copy from `m`'s parameters (LoRA factors merged into it) for compute in `dtype`.
@@ -62,9 +64,9 @@ std::vector<std::pair<const void*, int64_t>> weights_signature(torch::nn::Module
 
 /// The time branch for `time` [B] or [B,H] (float32), computed now.
 TimeBranch time_branch(Pi0Impl& m, const FusedWeights& f, const torch::Tensor& time);
-/// The branches of the schedule t = 1, 1 + dt, … (dt = −1/num_steps, advanced in float32 as the sampler does),
-/// computed on first use for `device` and kept; [1,1,·] tensors that broadcast over any batch.
-const std::vector<TimeBranch>& schedule_branches(Pi0Impl& m, FusedWeights& f, int64_t num_steps,
+/// The branches of the schedule t = 1, 1 + dt, … (dt = −1/num_steps, advanced in float32 as the sampler does) for
+/// `batch` examples, computed on first use on `device` and kept.
+const std::vector<TimeBranch>& schedule_branches(Pi0Impl& m, FusedWeights& f, int64_t num_steps, int64_t batch,
                                                  const torch::Device& device);
 
 /// What every suffix pass of one call shares.

@@ -469,7 +469,7 @@ torch::Tensor Pi0Impl::denoise(const KVCache& cache, const torch::Tensor& prefix
   };
   if (guided) return rtc_sample(velocity, x, num_steps, *guided, after_step);
   if (trained_prefix.defined()) return rtc_sample_trained(velocity, x, num_steps, trained_prefix, trained_mask, after_step);
-  const auto* branches = fused ? &schedule_branches(*this, *fused, num_steps, x.device()) : nullptr;
+  const auto* branches = fused ? &schedule_branches(*this, *fused, num_steps, b, x.device()) : nullptr;
   // Time advances in float32 like the reference's `t + dt` loop.
   const float dt = -1.0f / static_cast<float>(num_steps);
   float t = 1.0f;
