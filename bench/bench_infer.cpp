@@ -141,6 +141,8 @@ int bench_main(int argc, char** argv) {
       m->sample_actions(obs, noise, steps, true, nullptr, &rtc);
       return counter.count();
     };
+    m->sample_actions(obs, noise, 1, true, nullptr, &rtc);  // the simplified weights and each schedule made first
+    m->sample_actions(obs, noise, 2, true, nullptr, &rtc);
     const OpCount one = ops(1), two = ops(2);
     const OpCount step_ops{two.all - one.all, two.top - one.top};
     const OpCount prefix_ops{one.all - step_ops.all, one.top - step_ops.top};

@@ -93,10 +93,11 @@ torch::Tensor ada_norm(const torch::Tensor& x, double eps, const torch::Tensor& 
 // One expert layer over the residual stream x [B,T,W]. With `cache_out` this pass's keys and values are appended to
 // it, and with `kv_only` nothing after them is computed (the prefix pass's last layer: no one reads its output).
 // `time`: the adaptive norms' modulation (pi0.5's action expert), index 2l and 2l+1.
+// `grouped_bias`, when defined, sends the attention through grouped_attention instead of joint_attention.
 torch::Tensor layer_forward(const FusedLayer& f, const GemmaOptions& o, const torch::Tensor& x,
-                            const nn::RotaryTables& rope, const torch::Tensor& mask, const torch::Tensor& k_cache,
-                            const torch::Tensor& v_cache, const TimeBranch* time, size_t l, KVCache* cache_out,
-                            bool kv_only) {
+                            const nn::RotaryTables& rope, const torch::Tensor& mask, const torch::Tensor& grouped_bias,
+                            const torch::Tensor& k_cache, const torch::Tensor& v_cache, const TimeBranch* time,
+                            size_t l, KVCache* cache_out, bool kv_only) {
   const int64_t b = x.size(0), t = x.size(1), n = o.num_heads, kv = o.num_kv_heads, d = o.head_dim;
   const auto h = time ? ada_norm(x, f.eps_in, time->scale1[2 * l], time->shift[2 * l]) : rms_unscaled(x, f.eps_in);
   const auto qkv = nn::linear(h, f.qkv);  // [B,T,(N+2K)·D]
@@ -114,7 +115,8 @@ torch::Tensor layer_forward(const FusedLayer& f, const GemmaOptions& o, const to
     k = torch::cat({k_cache, k}, 1);
     v = torch::cat({v_cache, v}, 1);
   }
-  const auto out = nn::linear(joint_attention(q, k, v, mask), f.o);
+  const auto attn = grouped_bias.defined() ? grouped_attention(q, k, v, grouped_bias) : joint_attention(q, k, v, mask);
+  const auto out = nn::linear(attn, f.o);
   const auto x1 = time ? x + out * time->gate[2 * l] : x + out;
   const auto h2 = time ? ada_norm(x1, f.eps_post, time->scale1[2 * l + 1], time->shift[2 * l + 1])
                        : rms_unscaled(x1, f.eps_post);
@@ -217,9 +219,27 @@ SuffixContext suffix_context(Pi0Impl& m, const torch::Tensor& prefix_pad_mask, c
   const auto positions = prefix_pad_mask.to(torch::kLong).sum(1, /*keepdim=*/true) + pad.to(torch::kLong).cumsum(1) - 1;
   SuffixContext ctx;
   ctx.mask = mask_for(m, mask, m.compute_dtype());
+  if (device.is_cuda() && ctx.mask.scalar_type() != torch::kBool) {
+    const auto& e = o.action_expert;
+    const int64_t kv = e.num_kv_heads, g = e.num_heads / e.num_kv_heads, s = ctx.mask.size(-1);
+    ctx.grouped_bias = ctx.mask.view({b, 1, 1, ts, s}).expand({b, kv, g, ts, s}).reshape({b * kv, g * ts, s});
+  }
   ctx.rope = nn::rotary_tables(nn::rope_tables(positions, o.action_expert.head_dim, acc));
   if (!o.pi05) ctx.state_token = m.state_proj->forward(state.to(acc)).unsqueeze(1);
   return ctx;
+}
+
+torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                const torch::Tensor& grouped_bias) {
+  const int64_t b = q.size(0), t = q.size(1), n = q.size(2), d = q.size(3), s = k.size(1), kv = k.size(2), g = n / kv;
+  PI0_CHECK(grouped_bias.size(0) == b * kv && grouped_bias.size(1) == g * t && grouped_bias.size(2) == s,
+            "grouped attention bias ", grouped_bias.sizes(), " does not match B·K=", b * kv, " G·T=", g * t, " S=", s);
+  // Head n = kv_head·G + g (HF repeat_kv); each kv head's queries stacked along the rows.
+  const auto qg = q.view({b, t, kv, g, d}).permute({0, 2, 3, 1, 4}).reshape({b * kv, g * t, d});
+  const auto kg = k.permute({0, 2, 1, 3}).reshape({b * kv, s, d});
+  const auto vg = v.permute({0, 2, 1, 3}).reshape({b * kv, s, d});
+  const auto probs = torch::softmax(torch::baddbmm(grouped_bias, qg, kg.transpose(1, 2)), -1);
+  return torch::bmm(probs, vg).view({b, kv, g, t, d}).permute({0, 3, 1, 2, 4}).reshape({b, t, n * d});
 }
 
 KVCache fused_prefix_cache(Pi0Impl& m, const FusedWeights& f, const Pi0Impl::Embedded& prefix) {
@@ -230,7 +250,7 @@ KVCache fused_prefix_cache(Pi0Impl& m, const FusedWeights& f, const Pi0Impl::Emb
   KVCache cache;
   auto x = prefix.embs;
   for (size_t l = 0; l < f.prefix.size(); ++l)
-    x = layer_forward(f.prefix[l], o, x, rope, mask, {}, {}, nullptr, l, &cache, l + 1 == f.prefix.size());
+    x = layer_forward(f.prefix[l], o, x, rope, mask, {}, {}, {}, nullptr, l, &cache, l + 1 == f.prefix.size());
   return cache;
 }
 
@@ -251,7 +271,7 @@ torch::Tensor fused_velocity(Pi0Impl& m, const FusedWeights& f, const KVCache& c
   }
   auto stream = embs.to(f.dtype);
   for (size_t l = 0; l < f.suffix.size(); ++l)
-    stream = layer_forward(f.suffix[l], e, stream, ctx.rope, ctx.mask, cache.k.at(l), cache.v.at(l),
+    stream = layer_forward(f.suffix[l], e, stream, ctx.rope, ctx.mask, ctx.grouped_bias, cache.k.at(l), cache.v.at(l),
                            o.pi05 ? &time : nullptr, l, nullptr, false);
   // Only the action tokens' outputs are read.
   const auto actions = stream.narrow(1, stream.size(1) - h, h);

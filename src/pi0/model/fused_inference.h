@@ -72,11 +72,23 @@ const std::vector<TimeBranch>& schedule_branches(Pi0Impl& m, FusedWeights& f, in
 /// What every suffix pass of one call shares.
 struct SuffixContext {
   torch::Tensor mask;         ///< [B,Ts,Tp+Ts] bool, or SDPA's additive bias
+  /// On CUDA with the additive bias: the bias repeated over each kv head's query group, [B·K, G·Ts, S], for
+  /// grouped_attention (made once per call).
+  torch::Tensor grouped_bias;
   nn::RotaryTables rope;      ///< suffix positions continue after the prefix's valid tokens
   torch::Tensor state_token;  ///< pi0: state_proj(state) [B,1,We] float32
 };
 SuffixContext suffix_context(Pi0Impl& m, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
                              int64_t batch, const torch::Device& device);
+
+/// Joint attention for few queries against many keys (a denoise step: Ts ≈ 51 queries, S ≈ 300–870 keys), as three
+/// batched products over the query groups of each kv head: logits = bias + q·kᵀ (one GEMM, the mask added in its
+/// epilogue), softmax (float32 inside, rounded once), probs·v. The arithmetic of joint_attention's explicit path
+/// (bf16 logits, float32 softmax, bf16 probabilities), with the parallelism of two GEMMs: a fused SDPA kernel spreads
+/// such a pass over only heads × query blocks (16 on pi0) and walks the keys serially. q [B,T,N,D] (scaled), k/v
+/// [B,S,K,D], grouped_bias [B·K, G·T, S] → [B,T,N·D].
+torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                const torch::Tensor& grouped_bias);
 
 /// The prefix pass: each layer's post-RoPE keys and values for `prefix` (embed_prefix's output).
 KVCache fused_prefix_cache(Pi0Impl& m, const FusedWeights& f, const Pi0Impl::Embedded& prefix);

@@ -132,3 +132,21 @@ TEST_CASE("the simplified pass dispatches fewer operations than the modules' for
     CHECK(fused_prefix < ref_prefix);
   }
 }
+
+TEST_CASE("grouped attention (bias + q·kᵀ, softmax, ·v per kv head) equals joint attention's explicit path",
+          "[unit][model][fused]") {
+  // float32: the same products and softmax, summed in another order (1e-6). pi0's grouping: 8 query heads on 1 kv
+  // head; and 4 on 2. A padded key column and the causal block of the suffix come from the mask.
+  torch::manual_seed(9);
+  for (int64_t kv : {1, 2}) {
+    const int64_t b = 2, t = 5, s = 12, n = 8, d = 16, g = n / kv;
+    const auto q = torch::randn({b, t, n, d}) * 0.25, k = torch::randn({b, s, kv, d}), v = torch::randn({b, s, kv, d});
+    auto mask = torch::rand({b, t, s}) > 0.3;
+    mask.select(2, 0).fill_(true);  // every query sees at least one key
+    mask[1].select(1, 4).fill_(false);  // a padded key for the second example
+    const auto bias = attention_bias(mask, torch::kFloat32);  // [B,1,T,S]
+    const auto grouped = bias.view({b, 1, 1, t, s}).expand({b, kv, g, t, s}).reshape({b * kv, g * t, s});
+    INFO("kv heads " << kv);
+    CHECK(max_rel_error(grouped_attention(q, k, v, grouped), joint_attention(q, k, v, mask)) < 1e-6);
+  }
+}
