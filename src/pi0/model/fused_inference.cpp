@@ -117,13 +117,14 @@ torch::Tensor layer_forward(const FusedLayer& f, const GemmaOptions& o, const to
   }
   const auto attn = grouped_bias.defined() ? grouped_attention(q, k, v, grouped_bias) : joint_attention(q, k, v, mask);
   const auto out = nn::linear(attn, f.o);
-  const auto x1 = time ? x + out * time->gate[2 * l] : x + out;
+  // Gated residuals as one addcmul (x + out·gate, rounded once) instead of a product and a sum.
+  const auto x1 = time ? torch::addcmul(x, out, time->gate[2 * l]) : x + out;
   const auto h2 = time ? ada_norm(x1, f.eps_post, time->scale1[2 * l + 1], time->shift[2 * l + 1])
                        : rms_unscaled(x1, f.eps_post);
   const auto gu = nn::linear(h2, f.gate_up);  // [B,T,2F]
   const int64_t mlp = f.down.size(1);
   const auto y = nn::linear(nn::gelu_tanh(gu.narrow(-1, 0, mlp)) * gu.narrow(-1, mlp, mlp), f.down);
-  return time ? x1 + y * time->gate[2 * l + 1] : x1 + y;
+  return time ? torch::addcmul(x1, y, time->gate[2 * l + 1]) : x1 + y;
 }
 
 torch::Tensor mask_for(Pi0Impl& m, const torch::Tensor& mask, torch::ScalarType dtype) {
