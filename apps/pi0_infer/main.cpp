@@ -72,7 +72,8 @@ int infer_main(int argc, char** argv) {
                 "the obs file also holds actions [B,H,A] (model space), noise [B,H,A] and time [B]: write the "
                 "per-element flow-matching loss [B,H,A] instead of sampling");
   cli->add_option("--cuda-graph", args.cuda_graph,
-                  "on CUDA, replay the denoising loop as a captured CUDA graph (no effect on CPU)")
+                  "on CUDA, replay the whole call (prefix pass and denoising loop) as captured CUDA graphs "
+                  "(no effect on CPU)")
     ->check(pi0::app::one_of({"on", "off"}));
   cli->add_option("--dtype", args.dtype,
                   "compute precision bf16 or f32 (default: the bundle's, i.e. bf16 for a bf16 export)")
