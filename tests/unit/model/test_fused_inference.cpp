@@ -9,6 +9,7 @@
 #include "pi0/common/op_count.h"
 #include "pi0/model/fused_inference.h"
 #include "pi0/model/pi0.h"
+#include "support/perturbed_model.h"
 #include "support/test_support.h"
 
 using namespace pi0;
@@ -16,14 +17,6 @@ using namespace pi0::model;
 using pi0::testing::max_rel_error;
 
 namespace {
-// Every parameter moved off its initialization (zero-initialized heads and gates would hide whole branches).
-Pi0 perturbed(const Pi0Options& o) {
-  Pi0 model(o);
-  torch::NoGradGuard ng;
-  for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.05);
-  return model;
-}
-
 struct Case {
   Pi0Options o;
   Pi0 model;
@@ -35,7 +28,7 @@ struct Case {
           if (lora) o.paligemma.lora_rank = 2, o.action_expert.lora_rank = 3, o.action_expert.lora_alpha = 6;
           return o;
         }()),
-        model(perturbed(o)),
+        model(testing::perturbed_model(o)),
         obs(testing::random_observation(o, 2, 3, /*pad=*/2)),
         noise(torch::randn({2, o.action_horizon, o.action_dim})) {
     obs.image_masks[2][1] = false;

@@ -10,19 +10,14 @@
 #include "pi0/model/flow_matching.h"
 #include "pi0/model/pi0.h"
 #include "pi0/model/rtc.h"
+#include "support/perturbed_model.h"
 #include "support/test_support.h"
 
 using namespace pi0;
 using namespace pi0::model;
 
 namespace {
-// A tiny model whose every component matters (zero-initialized heads and adaRMS gates would hide the inputs).
-Pi0 perturbed_model(const Pi0Options& o) {
-  Pi0 model(o);
-  torch::NoGradGuard ng;
-  for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.05);
-  return model;
-}
+using testing::perturbed_model;
 
 // A perturbed tiny model, a batch of 2, fixed noise and a previous chunk of 3 rows (the horizon is 4).
 struct SamplingCase {
