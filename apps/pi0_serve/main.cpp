@@ -3,6 +3,7 @@
 //             [--num-steps 10] [--dtype bf16|f32] [--api-key KEY] [--max-clients N] [--metadata key=json]
 //             [--rtc auto|guided|trained|off] [--rtc-jacobian identity|exact] [--rtc-schedule exp|...] ...
 // Protocol, profiles and errors: docs/serving.md. Flags and exit codes: pi0-serve --help.
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -73,7 +74,12 @@ int serve_main(int argc, char** argv) {
               "the flag or file).");
   if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
   const torch::Device device = pi0::app::parse_device("--device", args.device);
-  spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU, as pi0-infer: the same arithmetic
+  // On the CPU every available core, as pi0-infer: the same arithmetic. On CUDA the host only prepares requests
+  // (small tensors), and a large intra-op pool costs more in wake-ups than it saves: on a 16-core H100 machine, pi0
+  // with 3 cameras, 12.5 ms of per-request overhead with 16 threads against 5.8 ms with 4 (docs/benchmarks_gpu.md).
+  // OMP_NUM_THREADS, when set, decides either way.
+  const bool few_threads = device.is_cuda() && std::getenv("OMP_NUM_THREADS") == nullptr;
+  spdlog::info("{}", pi0::set_num_threads(few_threads ? std::min(4, pi0::default_num_threads()) : 0).describe());
   pi0::serve::PolicyOptions po;
   po.robot = pi0::serve::parse_robot(args.robot);
   po.num_steps = args.num_steps;
