@@ -209,15 +209,15 @@ const std::vector<TimeBranch>& schedule_branches(Pi0Impl& m, FusedWeights& f, in
 SuffixContext suffix_context(Pi0Impl& m, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
                              int64_t batch, const torch::Device& device) {
   const auto& o = m.options();
-  const int64_t b = batch, h = o.action_horizon, tp = prefix_pad_mask.size(1), ts = o.pi05 ? h : h + 1;
+  const int64_t b = batch, h = o.action_horizon, ts = o.pi05 ? h : h + 1;
   const auto acc = accumulation(m.compute_dtype());
   const auto bools = torch::TensorOptions().dtype(torch::kBool).device(device);
   // As embed_suffix: every suffix token valid; ar starts a causal block at the state token (pi0) and at action 0.
   const auto pad = torch::ones({b, ts}, bools);
   auto ar = torch::zeros({ts}, bools);
   ar.narrow(0, 0, ts - h + 1).fill_(true);
-  const auto mask = torch::cat({prefix_pad_mask.unsqueeze(1).expand({b, ts, tp}), nn::make_attn_mask(pad, ar)}, 2);
-  const auto positions = prefix_pad_mask.to(torch::kLong).sum(1, /*keepdim=*/true) + pad.to(torch::kLong).cumsum(1) - 1;
+  const auto mask = nn::make_cached_attn_mask(prefix_pad_mask, pad, ar);
+  const auto positions = nn::positions_after(prefix_pad_mask, pad);
   SuffixContext ctx;
   ctx.mask = mask_for(m, mask, m.compute_dtype());
   if (device.is_cuda() && ctx.mask.scalar_type() != torch::kBool) {

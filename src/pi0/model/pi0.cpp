@@ -427,17 +427,13 @@ Pi0Impl::~Pi0Impl() = default;
 
 torch::Tensor Pi0Impl::velocity_cached(const KVCache& cache, const torch::Tensor& prefix_pad_mask,
                                        const torch::Tensor& state, const torch::Tensor& x, const torch::Tensor& time) {
-  const int64_t b = x.size(0), h = options_.action_horizon, tp = prefix_pad_mask.size(1);
+  const int64_t h = options_.action_horizon;
   auto suffix = embed_suffix(state, x, time);
   const int64_t ts = suffix.embs.size(1);
-  auto mask = torch::cat({prefix_pad_mask.unsqueeze(1).expand({b, ts, tp}),
-                          nn::make_attn_mask(suffix.pad_mask, suffix.ar_mask)},
-                         2);
-  // Suffix positions continue after the prefix's valid tokens.
-  const auto prefix_len = prefix_pad_mask.to(torch::kLong).sum(1, /*keepdim=*/true);
-  auto positions = prefix_len + suffix.pad_mask.to(torch::kLong).cumsum(1) - 1;
+  const auto mask = nn::make_cached_attn_mask(prefix_pad_mask, suffix.pad_mask, suffix.ar_mask);
   auto out = paligemma_with_expert->forward(torch::Tensor(), suffix.embs, attention_mask_for(mask, suffix.embs),
-                                            positions, suffix.cond, &cache, nullptr, 0);
+                                            nn::positions_after(prefix_pad_mask, suffix.pad_mask), suffix.cond,
+                                            &cache, nullptr, 0);
   return action_out_proj->forward(nn::upcast(out.suffix.narrow(1, ts - h, h)));
 }
 

@@ -15,4 +15,15 @@ torch::Tensor positions_from_mask(const torch::Tensor& input_mask) {
   return input_mask.to(torch::kInt64).cumsum(1) - 1;
 }
 
+torch::Tensor make_cached_attn_mask(const torch::Tensor& prefix_mask, const torch::Tensor& input_mask,
+                                    const torch::Tensor& ar_mask) {
+  const int64_t b = input_mask.size(0), t = input_mask.size(1), tp = prefix_mask.size(1);
+  return torch::cat({prefix_mask.to(torch::kBool).unsqueeze(1).expand({b, t, tp}), make_attn_mask(input_mask, ar_mask)},
+                    2);
+}
+
+torch::Tensor positions_after(const torch::Tensor& prefix_mask, const torch::Tensor& input_mask) {
+  return prefix_mask.to(torch::kInt64).sum(1, /*keepdim=*/true) + positions_from_mask(input_mask);
+}
+
 }  // namespace pi0::nn

@@ -74,6 +74,18 @@ TEST_CASE("RoPE as whole-width tables (x·cos + roll(x)·sin) equals the split-h
   CHECK(testing::max_rel_error(nn::apply_rope(xb, full), nn::apply_rope(xb, half)) < 1e-2);
 }
 
+TEST_CASE("a pass after a cached prefix gets the rows of the whole sequence's mask and positions", "[unit][nn]") {
+  // Prefix: imgA (valid), imgB (camera masked), txt0, txt1 (pad); then state, act0, act1 as one cached-prefix pass.
+  const auto prefix = bools({1, 0, 1, 0}).view({1, 4});
+  const auto suffix = bools({1, 1, 1}).view({1, 3});
+  const auto suffix_ar = bools({1, 1, 0});
+  const auto full = nn::make_attn_mask(torch::cat({prefix, suffix}, 1), bools({0, 0, 0, 0, 1, 1, 0}));
+  CHECK(torch::equal(nn::make_cached_attn_mask(prefix, suffix, suffix_ar), full.narrow(1, 4, 3)));
+  const auto positions = nn::positions_from_mask(torch::cat({prefix, suffix}, 1)).narrow(1, 4, 3);
+  CHECK(torch::equal(nn::positions_after(prefix, suffix), positions));
+  CHECK(torch::equal(positions, torch::tensor({{2L, 3L, 4L}})));
+}
+
 TEST_CASE("attention mask and positions: pi0 layout with a masked camera and a padded token", "[unit][nn]") {
   // tokens: imgA (valid), imgB (camera masked), txt0, txt1 (pad), state, act0, act1
   auto input_mask = bools({1, 0, 1, 0, 1, 1, 1}).view({1, 7});
