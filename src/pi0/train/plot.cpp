@@ -38,8 +38,8 @@ const std::map<char, std::array<uint8_t, 7>>& font() {
       {'o', {0x00, 0x00, 0x0E, 0x11, 0x11, 0x11, 0x0E}}, {'p', {0x00, 0x00, 0x1E, 0x11, 0x1E, 0x10, 0x10}},
       {'r', {0x00, 0x00, 0x16, 0x19, 0x10, 0x10, 0x10}}, {'s', {0x00, 0x00, 0x0E, 0x10, 0x0E, 0x01, 0x1E}},
       {'t', {0x08, 0x08, 0x1C, 0x08, 0x08, 0x09, 0x06}}, {'u', {0x00, 0x00, 0x11, 0x11, 0x11, 0x13, 0x0D}},
-      {'w', {0x00, 0x00, 0x11, 0x11, 0x15, 0x15, 0x0A}}, {'x', {0x00, 0x00, 0x11, 0x0A, 0x04, 0x0A, 0x11}},
-      {'y', {0x00, 0x00, 0x11, 0x11, 0x0F, 0x01, 0x0E}},
+      {'v', {0x00, 0x00, 0x11, 0x11, 0x11, 0x0A, 0x04}}, {'w', {0x00, 0x00, 0x11, 0x11, 0x15, 0x15, 0x0A}},
+      {'x', {0x00, 0x00, 0x11, 0x0A, 0x04, 0x0A, 0x11}}, {'y', {0x00, 0x00, 0x11, 0x11, 0x0F, 0x01, 0x0E}},
   };
   return glyphs;
 }
@@ -188,11 +188,24 @@ Canvas plot_panels(const std::vector<PlotSeries>& panels, int width, int height,
   const int panel_h = (height - top - bottom - gap * (n - 1)) / n;
   PI0_CHECK(panel_h > 40 && width - left - right > 80, "plot_panels: canvas too small: ", width, "x", height);
 
+  // A panel's lines: its series, then its overlays (with a dot at every point).
+  struct Line {
+    const std::vector<double>& x;
+    const std::vector<double>& y;
+    Rgb color;
+    bool dots;
+  };
+  const auto lines_of = [](const PlotSeries& p) {
+    std::vector<Line> lines = {{p.x, p.y, p.color, false}};
+    for (const auto& o : p.overlays) lines.push_back({o.x, o.y, o.color, true});
+    return lines;
+  };
   // Shared x range over all panels.
   double xlo = INFINITY, xhi = -INFINITY;
   for (const auto& p : panels)
-    for (size_t i = 0; i < p.x.size() && i < p.y.size(); ++i)
-      if (std::isfinite(p.x[i]) && std::isfinite(p.y[i])) xlo = std::min(xlo, p.x[i]), xhi = std::max(xhi, p.x[i]);
+    for (const auto& l : lines_of(p))
+      for (size_t i = 0; i < l.x.size() && i < l.y.size(); ++i)
+        if (std::isfinite(l.x[i]) && std::isfinite(l.y[i])) xlo = std::min(xlo, l.x[i]), xhi = std::max(xhi, l.x[i]);
   if (!(xhi >= xlo)) xlo = 0, xhi = 1;
   // Steps start at 1 (or wherever a resumed log starts): the axis starts at the tick below, 0 for a whole run.
   const Axis xa = fit_axis(xlo, xhi, false, 8);
@@ -201,10 +214,12 @@ Canvas plot_panels(const std::vector<PlotSeries>& panels, int width, int height,
   auto px = [&](double x) { return x0 + static_cast<int>(std::lround((x - xa.lo) / (xa.hi - xa.lo) * (x1 - x0))); };
   for (int k = 0; k < static_cast<int>(panels.size()); ++k) {
     const auto& p = panels[k];
+    const auto lines = lines_of(p);
     const int y0 = top + k * (panel_h + gap), y1 = y0 + panel_h;
     double ylo = INFINITY, yhi = -INFINITY;
-    for (size_t i = 0; i < p.x.size() && i < p.y.size(); ++i)
-      if (std::isfinite(p.x[i]) && std::isfinite(p.y[i])) ylo = std::min(ylo, p.y[i]), yhi = std::max(yhi, p.y[i]);
+    for (const auto& l : lines)
+      for (size_t i = 0; i < l.x.size() && i < l.y.size(); ++i)
+        if (std::isfinite(l.x[i]) && std::isfinite(l.y[i])) ylo = std::min(ylo, l.y[i]), yhi = std::max(yhi, l.y[i]);
     if (!(yhi >= ylo)) ylo = 0, yhi = 1;
     const Axis ya = fit_axis(ylo, yhi, p.log_y && ylo > 0, 5);
     auto pos = [&](double y) { return ya.log ? std::log10(y) : y; };
@@ -229,19 +244,29 @@ Canvas plot_panels(const std::vector<PlotSeries>& panels, int width, int height,
     }
     canvas.rect(x0, y0, x1, y1, axis);
 
-    bool have_prev = false;
-    int prev_x = 0, prev_y = 0;
-    for (size_t i = 0; i < p.x.size() && i < p.y.size(); ++i) {
-      if (!std::isfinite(p.x[i]) || !std::isfinite(p.y[i])) {
-        have_prev = false;
-        continue;
+    for (const auto& l : lines) {
+      bool have_prev = false;
+      int prev_x = 0, prev_y = 0;
+      for (size_t i = 0; i < l.x.size() && i < l.y.size(); ++i) {
+        if (!std::isfinite(l.x[i]) || !std::isfinite(l.y[i])) {
+          have_prev = false;
+          continue;
+        }
+        const int x = px(l.x[i]), y = py(l.y[i]);
+        if (have_prev) canvas.line(prev_x, prev_y, x, y, l.color, 2);
+        else canvas.line(x, y, x, y, l.color, 2);
+        if (l.dots) canvas.line(x, y, x, y, l.color, 6);
+        prev_x = x, prev_y = y, have_prev = true;
       }
-      const int x = px(p.x[i]), y = py(p.y[i]);
-      if (have_prev) canvas.line(prev_x, prev_y, x, y, p.color, 2);
-      else canvas.line(x, y, x, y, p.color, 2);
-      prev_x = x, prev_y = y, have_prev = true;
     }
-    canvas.text(x0, y0 - char_h - 6, ya.log ? p.title + " (log scale)" : p.title, p.color, scale);
+    // The title, then each overlay's label in its colour: the legend.
+    int title_x = x0;
+    const auto title = [&](const std::string& s, Rgb c) {
+      canvas.text(title_x, y0 - char_h - 6, s, c, scale);
+      title_x += Canvas::text_width(s + "   ", scale);
+    };
+    title(ya.log ? p.title + " (log scale)" : p.title, p.color);
+    for (const auto& o : p.overlays) title(o.label, o.color);
   }
   canvas.text((x0 + x1 - Canvas::text_width(x_label, scale)) / 2, height - char_h - 6, x_label, axis, scale);
   return canvas;

@@ -33,18 +33,30 @@ class Canvas {
   std::vector<uint8_t> rgb_;
 };
 
+/// A further line in a panel, on the panel's axes: the validation loss over the training loss, which only reads as
+/// over- or underfitting on the same axis.
+struct PlotLine {
+  std::string label;  ///< drawn after the panel's title in the line's colour, e.g. "val_loss"
+  std::vector<double> x, y;
+  Rgb color;
+};
+
 /// One panel of a stacked plot: a y-series against x (non-finite points break the line).
 struct PlotSeries {
   std::string title;  ///< drawn above the panel's frame, left-aligned, e.g. "loss"
   std::vector<double> x, y;
   Rgb color;
   /// Logarithmic y axis (a loss falling by 10x keeps its shape after the first steps); used only when every
-  /// finite y is > 0, else the axis stays linear.
+  /// finite y is > 0 (the overlays' included), else the axis stays linear.
   bool log_y = false;
+  /// Lines drawn over the series with a dot at every point (validation runs every few hundred steps: a handful of
+  /// points, a single one after the first pass); their values count in the panel's ranges.
+  std::vector<PlotLine> overlays = {};
 };
 
-/// Panels stacked vertically, each with its title above a frame, y ticks with labels, x ticks with labels and a
-/// polyline; `x_label` under the last panel. Both axes end on ticks (fit_axis). An empty series draws an empty frame.
+/// Panels stacked vertically, each with its title (and its overlays' labels) above a frame, y ticks with labels, x
+/// ticks with labels and its polylines; `x_label` under the last panel. Both axes end on ticks (fit_axis). An empty
+/// series draws an empty frame.
 Canvas plot_panels(const std::vector<PlotSeries>& panels, int width, int height, const std::string& x_label);
 
 /// Tick positions covering [lo, hi] with a 1/2/2.5/5×10^k spacing, about `target` of them.

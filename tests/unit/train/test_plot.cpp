@@ -74,3 +74,35 @@ TEST_CASE("plot_panels: each panel's title sits above its frame, not over its cu
     }
   CHECK(title_pixels > 100);  // "learning rate" in the 5x7 font at scale 2
 }
+
+TEST_CASE("plot_panels: an overlay is drawn on its panel's axes, which widen to hold it, and named in the title row",
+          "[unit][train]") {
+  const Rgb blue{31, 119, 180}, orange{255, 127, 14}, axis{40, 40, 40};
+  PlotSeries s{"loss", {}, {}, blue};
+  for (int x = 0; x <= 100; ++x) s.x.push_back(x), s.y.push_back(1.0 + x / 100.0);  // in [1, 2]
+  // A validation loss above every training value: an axis fitted to the training loss alone puts it off the canvas.
+  s.overlays.push_back({"val_loss", {25, 50, 75, 100}, {5.0, 5.5, 6.0, 6.5}, orange});
+  const auto c = plot_panels({s}, 600, 400, "step");
+  // The frame's top and bottom edges: the rows with a long run of the axis colour.
+  std::vector<int> edges;
+  for (int y = 0; y < c.height(); ++y) {
+    int run = 0, longest = 0;
+    for (int x = 0; x < c.width(); ++x) {
+      const auto p = c.pixel(x, y);
+      run = (p.r == axis.r && p.g == axis.g && p.b == axis.b) ? run + 1 : 0;
+      longest = std::max(longest, run);
+    }
+    if (longest > 300) edges.push_back(y);
+  }
+  REQUIRE(edges.size() == 2);
+  int inside = 0, above = 0;
+  for (int y = 0; y < c.height(); ++y)
+    for (int x = 0; x < c.width(); ++x) {
+      const auto p = c.pixel(x, y);
+      if (p.r != orange.r || p.g != orange.g || p.b != orange.b) continue;
+      inside += y > edges[0] && y < edges[1];
+      above += y < edges[0];
+    }
+  CHECK(inside > 100);  // the line and its dots
+  CHECK(above > 50);    // "val_loss" after the panel's title
+}

@@ -290,6 +290,29 @@ size_t count_color(const std::vector<uint8_t>& rgb, Rgb c) {
   for (size_t i = 0; i + 2 < rgb.size(); i += 3) n += rgb[i] == c.r && rgb[i + 1] == c.g && rgb[i + 2] == c.b;
   return n;
 }
+// Panels drawn: each frame's top and bottom edge is a row with a run of the axis colour over half the width.
+int count_panels(const std::vector<uint8_t>& rgb, uint32_t w) {
+  int edges = 0;
+  for (size_t y = 0; y < rgb.size() / (3 * w); ++y) {
+    uint32_t run = 0, longest = 0;
+    for (uint32_t x = 0; x < w; ++x) {
+      const uint8_t* p = rgb.data() + (y * w + x) * 3;
+      run = (p[0] == 40 && p[1] == 40 && p[2] == 40) ? run + 1 : 0;
+      longest = std::max(longest, run);
+    }
+    edges += longest > w / 2;
+  }
+  return edges / 2;
+}
+// Runs pi0-plot on `metrics` with `flags` into a PNG; its decoded pixels.
+std::vector<uint8_t> run_pi0_plot(const testing::TempDir& dir, const std::string& metrics, const std::string& flags,
+                                  uint32_t& w, uint32_t& h) {
+  const std::string cmd = testing::app_dir() + "/pi0-plot --metrics " + metrics + " --out " + dir.str("plot.png") +
+                          " " + flags + " > /dev/null";
+  REQUIRE(std::system(cmd.c_str()) == 0);
+  std::ifstream in(dir.str("plot.png"), std::ios::binary);
+  return decode_png(std::vector<uint8_t>((std::istreambuf_iterator<char>(in)), {}), w, h);
+}
 }  // namespace
 
 TEST_CASE("plot: valid, non-blank PNG with both curves", "[unit][train]") {
@@ -315,16 +338,35 @@ TEST_CASE("pi0-plot draws a metrics file", "[unit][train]") {
     MetricsWriter w(dir.str("metrics.jsonl"));
     for (int64_t s = 0; s < 50; ++s) w.write(s, {{"loss", 1.0 / (s + 1)}, {"lr", 1e-4 * s}});
   }
-  const std::string cmd = testing::app_dir() + "/pi0-plot --metrics " + dir.str("metrics.jsonl") +
-                          " --out " + dir.str("loss.png") + " --width 500 --height 400 > /dev/null";
-  REQUIRE(std::system(cmd.c_str()) == 0);
-  std::ifstream in(dir.str("loss.png"), std::ios::binary);
-  std::vector<uint8_t> png((std::istreambuf_iterator<char>(in)), {});
   uint32_t w = 0, h = 0;
-  const auto rgb = decode_png(png, w, h);
+  const auto rgb = run_pi0_plot(dir, dir.str("metrics.jsonl"), "--width 500 --height 400", w, h);
   CHECK(w == 500);
   CHECK(h == 400);
   CHECK(count_color(rgb, {31, 119, 180}) > 100);
+  CHECK(count_panels(rgb, w) == 2);  // loss and lr; no validation records, no validation panel
   const std::string bad = testing::app_dir() + "/pi0-plot --metrics x --out y --bogus 1 2> /dev/null";
   CHECK(std::system(bad.c_str()) != 0);
+}
+
+TEST_CASE("pi0-plot draws validation records: val_loss over the loss, val_action_mse in a panel", "[unit][train]") {
+  // What a run with data.validation_split writes: training records every step, validation records (separate lines)
+  // every train.val_interval steps.
+  testing::TempDir dir("pi0plot");
+  const std::string metrics = dir.str("metrics.jsonl");
+  {
+    MetricsWriter w(metrics);
+    for (int64_t s = 1; s <= 100; ++s) {
+      w.write(s, {{"loss", 1.0 / s}, {"lr", 1e-4}});
+      if (s % 25 == 0) w.write(s, {{"val_loss", 2.0 / s}, {"val_action_mse", 0.5 / s}});
+    }
+  }
+  const Rgb val_color{255, 127, 14};
+  uint32_t w = 0, h = 0;
+  const auto rgb = run_pi0_plot(dir, metrics, "--width 600 --height 700", w, h);
+  CHECK(count_panels(rgb, w) == 3);  // loss with val_loss over it, val_action_mse, lr
+  CHECK(count_color(rgb, val_color) > 100);
+  // --keys draws what it names, nothing more.
+  const auto chosen = run_pi0_plot(dir, metrics, "--width 600 --height 700 --keys loss,lr", w, h);
+  CHECK(count_panels(chosen, w) == 2);
+  CHECK(count_color(chosen, val_color) == 0);
 }
