@@ -119,6 +119,20 @@ run infer_rtc "$BUILD/bench_infer" --config configs/bench_cpu.yaml --dtype float
 run host_optimizer "$BUILD/bench_host_optimizer" --params-m $([ $QUICK = 1 ] && echo 16 || echo 64) --threads 1,2 --steps 3 \
   --json "$OUT/host_optimizer.json"
 NAMES=(model train loader safetensors checkpoint_verify ddp infer infer_rtc host_optimizer)
+# A data.datasets mixture (LIBERO HDF5, ALOHA HDF5 with JPEG rows, LeRobot v3.0 AV1 video) against LIBERO alone in the
+# same run. The LeRobot dataset comes from tests/data/write_lerobot.py in the writer venv the [lerobot] tests create
+# (as scripts/bench_lerobot.sh); without that venv the row is left out.
+if [ -x "$BUILD/lerobot_test_venv/bin/python" ]; then
+  MIX="$BUILD/loader_mixture_data"
+  rm -rf "$MIX"
+  SVT_LOG=1 "$BUILD/lerobot_test_venv/bin/python" tests/data/write_lerobot.py --out "$MIX" --version v3.0 --images av1 \
+    --size 224 --lengths 50,50,50,50,50,50,50,50 --episodes-per-video 4 --episodes-per-file 4 > /dev/null
+  run loader_mixture "$BUILD/bench_loader" --batches 20 --repeats 3 --workers 0,2 --augment no --mixture "$MIX"
+  rm -rf "$MIX"
+  NAMES+=(loader_mixture)
+else
+  echo "==> loader_mixture: skipped (no $BUILD/lerobot_test_venv: run the [lerobot] tests once)" >&2
+fi
 if [ -x "$BUILD/bench_serve" ]; then  # built when Boost.Beast and msgpack-cxx are found
   run serve "$BUILD/bench_serve" --config configs/bench_cpu.yaml --iters $((ITERS * 4)) --clients 1,4,8 --requests 2 \
     --json "$OUT/serve.json"
