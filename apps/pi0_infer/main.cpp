@@ -31,7 +31,7 @@ namespace {
 using pi0::shape_str;
 
 struct Args {
-  std::string bundle, obs, out, noise, device = "cpu", cuda_graph = "on", dtype;
+  std::string bundle, obs, out, noise, device = "cpu", cuda_graph = "on", dtype, asset;
   std::optional<std::string> prompt;
   pi0::infer::RtcSettings rtc;
   int64_t num_steps = 10;
@@ -78,13 +78,23 @@ int infer_main(int argc, char** argv) {
   cli->add_option("--dtype", args.dtype,
                   "compute precision bf16 or f32 (default: the bundle's, i.e. bf16 for a bf16 export)")
     ->check(pi0::app::one_of({"bf16", "bfloat16", "f32", "float32"}));
+  cli->add_option("--asset", args.asset,
+                  "which dataset's norm stats and robot settings to apply, by asset id (a model trained on a mixture "
+                  "holds one per dataset; default: the bundle's first, its config.json asset_id)")
+      ->check(pi0::app::non_empty());
   pi0::app::add_rtc_options(*cli, args.rtc);
   if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
   const std::optional<torch::ScalarType> dtype = pi0::io::parse_compute_dtype(args.dtype);
   spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU
   const torch::Device device = pi0::app::parse_device("--device", args.device);
   const auto obs_tensors = pi0::io::read_safetensors(args.obs);  // read first: input errors before the (slow) model load
-  pi0::io::Bundle bundle = pi0::io::load_bundle(args.bundle, device, dtype);
+  pi0::io::Bundle bundle = pi0::io::load_bundle(args.bundle, device, dtype, args.asset);
+  if (bundle.assets.size() > 1) {
+    std::string all;
+    for (const auto& id : bundle.assets) all += (all.empty() ? "" : ", ") + id;
+    spdlog::info("norm stats and robot settings of dataset '{}' (the bundle holds {}; --asset picks)",
+                 bundle.config.checkpoint.asset_id, all);
+  }
   spdlog::info("computing in {}{}", bundle.dtype == torch::kBFloat16 ? "bf16" : "float32",
                dtype ? " (--dtype)" : " (the bundle's precision; --dtype f32 to change)");
   std::unique_ptr<pi0::data::Tokenizer> tokenizer;

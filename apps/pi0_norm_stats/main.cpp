@@ -5,6 +5,7 @@
 //                  [--delta-mask 6,-1] [--bins 5000]
 // Flags and exit codes: pi0-norm-stats --help.
 #include <iostream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -39,6 +40,16 @@ std::vector<bool> bool_mask(const std::string& s) {
   return out;
 }
 
+// Stats of one dataset written to `out`.
+void write_stats(pi0::data::DatasetOptions opt, const pi0::data::NormStatsOptions& stats_opt, const std::string& out) {
+  opt.prompt = opt.prompt.empty() && opt.format == "aloha" ? "unused" : opt.prompt;  // stats never read prompts
+  pi0::data::RobotDataset dataset(opt);
+  pi0::data::NormStats stats = pi0::data::compute_norm_stats(dataset, stats_opt);
+  pi0::data::save_norm_stats(stats, out);
+  spdlog::info("wrote {} (state dim {}, action dim {}, {} frames)", out, dataset.state_dim(), dataset.action_dim(),
+               dataset.size());
+}
+
 int norm_stats_main(int argc, char** argv) {
   pi0::data::DatasetOptions opt;
   pi0::data::NormStatsOptions stats_opt;
@@ -69,20 +80,34 @@ int norm_stats_main(int argc, char** argv) {
   if (!delta_mask.empty()) stats_opt.delta_action_mask = bool_mask(delta_mask);
   if (!overrides.empty() && config_path.empty()) throw pi0::UserError("--set needs --config (see --help)");
   if (!config_path.empty()) {
-    // The dataset, horizon and delta mask of a training config; the output goes to its data.norm_stats.
+    // The datasets, horizon and delta mask of a training config; each dataset's stats go to its own norm_stats
+    // (data.norm_stats for a single dataset).
     const auto cfg = pi0::config::load_config(config_path, overrides);
-    opt = pi0::data::dataset_options(cfg);
     stats_opt.delta_action_mask = cfg.data.delta_action_mask;
-    if (out.empty()) out = cfg.data.norm_stats;
-    if (out.empty()) throw pi0::UserError(config_path + ": data.norm_stats is not set and no --out was given");
+    const auto entries = pi0::config::dataset_entries(cfg);
+    if (entries.size() > 1 && !out.empty())
+      throw pi0::UserError("--out: " + config_path + " lists " + std::to_string(entries.size()) +
+                           " datasets, each written to its own data.datasets[i].norm_stats; drop --out");
+    std::map<std::string, std::string> written;  // path -> the entry's key
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const auto one = pi0::config::for_dataset(cfg, i);
+      const std::string key = pi0::config::dataset_key(cfg, i);
+      const std::string path = out.empty() ? one.data.norm_stats : out;
+      if (path.empty()) {
+        throw pi0::UserError(config_path + ": " + (entries.size() > 1 ? key + ".norm_stats" : std::string("data.norm_stats")) +
+                             " is not set and no --out was given");
+      }
+      if (written.count(path)) {
+        throw pi0::UserError(config_path + ": " + key + " and " + written[path] + " both write their norm stats to '" +
+                             path + "'; give each dataset its own norm_stats");
+      }
+      written[path] = key;
+      write_stats(pi0::data::dataset_options(one, key), stats_opt, path);
+    }
+    return 0;
   }
   if (opt.paths.empty() || out.empty()) throw pi0::UserError("--data and --out are required, or --config (see --help)");
-  opt.prompt = opt.prompt.empty() && opt.format == "aloha" ? "unused" : opt.prompt;  // stats never read prompts
-  pi0::data::RobotDataset dataset(opt);
-  pi0::data::NormStats stats = pi0::data::compute_norm_stats(dataset, stats_opt);
-  pi0::data::save_norm_stats(stats, out);
-  spdlog::info("wrote {} (state dim {}, action dim {}, {} frames)", out, dataset.state_dim(), dataset.action_dim(),
-               dataset.size());
+  write_stats(opt, stats_opt, out);
   return 0;
 }
 

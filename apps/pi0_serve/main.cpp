@@ -26,7 +26,7 @@
 namespace {
 
 struct Args {
-  std::string bundle, host = "0.0.0.0", device = "cpu", robot = "libero", dtype, api_key, noise;
+  std::string bundle, host = "0.0.0.0", device = "cpu", robot = "libero", dtype, api_key, noise, asset;
   std::optional<std::string> default_prompt;
   std::vector<std::string> metadata;
   pi0::infer::RtcSettings rtc;
@@ -49,6 +49,10 @@ int serve_main(int argc, char** argv) {
   cli->add_option("--dtype", args.dtype,
                   "compute precision bf16 or f32 (default: the bundle's, i.e. bf16 for a bf16 export, as pi0-infer)")
       ->check(pi0::app::one_of({"bf16", "bfloat16", "f32", "float32"}));
+  cli->add_option("--asset", args.asset,
+                  "which dataset's norm stats and robot settings to apply, by asset id (a model trained on a mixture "
+                  "holds one per dataset; default: the bundle's first, its config.json asset_id)")
+      ->check(pi0::app::non_empty());
   cli->add_option("--api-key", args.api_key, "refuse clients without the header 'Authorization: Api-Key KEY'")
       ->check(pi0::app::non_empty());
   cli->add_option("--max-clients", args.max_clients, "connections served at once")->check(pi0::app::int_in(1, 100000));
@@ -105,7 +109,8 @@ int serve_main(int argc, char** argv) {
   so.max_frame_bytes = static_cast<size_t>(args.max_frame_mb) << 20;
 
   // The bundle's precision unless --dtype says otherwise: pi0-infer's rule, so both answer alike.
-  pi0::serve::Policy policy(pi0::io::load_bundle(args.bundle, device, pi0::io::parse_compute_dtype(args.dtype)), po);
+  pi0::serve::Policy policy(
+      pi0::io::load_bundle(args.bundle, device, pi0::io::parse_compute_dtype(args.dtype), args.asset), po);
   {
     pi0::serve::Server server(policy, so);
     pi0::interruption_point();  // a SIGINT/SIGTERM during the load: stop before serving anyone

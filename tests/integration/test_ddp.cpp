@@ -357,6 +357,31 @@ TEST_CASE("ddp: two ranks with batch b match one rank with batch 2b", "[dist][in
                 Precision::kFloat32);
 }
 
+TEST_CASE("ddp: two ranks' validation pass gives one rank's val_loss and val_action_mse", "[dist][integration]") {
+  // Each rank evaluates every second held-out sample and the sums are all-reduced: the same pass as one rank's,
+  // up to the float32 rounding of the weights after 2 steps (the 2-rank gradient is a mean of two half-batch means,
+  // ~1e-7 relative per step) and of the sums' grouping; 1e-4 relative leaves two orders of magnitude.
+  if (!pi0::testing::apps_built({"pi0-train", "pi0-make-example-data", "pi0-norm-stats"})) return;
+  TempDir dir("pi0ddp_val");
+  const std::vector<std::string> val = {"data.validation_split=0.25", "train.val_interval=1", "train.val_samples=10"};
+  run_ranks(train_args(dir.str("one"), 2, val), 1, dir.str("one_rank"));
+  run_ranks(train_args(dir.str("two"), 2, val), 2, dir.str("two_rank"));
+  auto validation = [](const std::string& run_dir) {
+    std::vector<std::pair<double, double>> out;
+    for (const auto& m : pi0::train::read_metrics((fs::path(run_dir) / "metrics.jsonl").string()))
+      if (m.contains("val_loss")) out.emplace_back(m.at("val_loss").get<double>(), m.at("val_action_mse").get<double>());
+    return out;
+  };
+  const auto v1 = validation(dir.str("one")), v2 = validation(dir.str("two"));
+  REQUIRE(v1.size() == 2);
+  REQUIRE(v2.size() == 2);
+  for (size_t i = 0; i < v1.size(); ++i) {
+    INFO("pass " << i);
+    CHECK(v2[i].first == Approx(v1[i].first).epsilon(1e-4));
+    CHECK(v2[i].second == Approx(v1[i].second).epsilon(1e-4));
+  }
+}
+
 TEST_CASE("ddp: a killed rank makes the other fail within dist.timeout_s and leaves the checkpoints intact",
           "[dist][shard][integration]") {
   if (!pi0::testing::apps_built({"pi0-train", "pi0-make-example-data", "pi0-norm-stats"})) return;

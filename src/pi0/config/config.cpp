@@ -120,6 +120,7 @@ template <class T>
 void parse(const YAML::Node& n, std::vector<T>& out, const std::string& src, const std::string& key);
 void parse(const YAML::Node& n, GemmaSpec& out, const std::string& src, const std::string& key);
 void parse(const YAML::Node& n, SiglipSpec& out, const std::string& src, const std::string& key);
+void parse(const YAML::Node& n, DatasetEntry& out, const std::string& src, const std::string& key);
 void parse(const YAML::Node& n, std::map<std::string, std::string>& out, const std::string& src,
            const std::string& key) {
   if (!n.IsMap()) type_error(src, key, n, "a mapping of names to strings");
@@ -253,6 +254,11 @@ void parse_spec(const YAML::Node& n, Spec& out, const std::string& src, const st
 void parse(const YAML::Node& n, GemmaSpec& out, const std::string& src, const std::string& key) {
   parse_spec(n, out, src, key);
 }
+// An entry of data.datasets: a section of its own, read with the same strict reader.
+void parse(const YAML::Node& n, DatasetEntry& out, const std::string& src, const std::string& key) {
+  if (!n.IsMap()) type_error(src, key, n, "a mapping of data.dataset's keys (format, paths, ...) plus weight");
+  Reader::read_struct(n, out, key + ".", src);
+}
 void parse(const YAML::Node& n, SiglipSpec& out, const std::string& src, const std::string& key) {
   parse_spec(n, out, src, key);
 }
@@ -305,6 +311,15 @@ struct Writer {
     return n;
   }
   static YAML::Node encode(const SiglipSpec& v) { return encode_spec(v); }
+  static YAML::Node encode(const std::vector<DatasetEntry>& v) {
+    YAML::Node n(YAML::NodeType::Sequence);
+    for (auto entry : v) {
+      Writer w;
+      entry.visit(w);
+      n.push_back(w.node);
+    }
+    return n;
+  }
 };
 
 // Collects (key, default, doc) for the reference.
@@ -314,6 +329,12 @@ struct Lister {
   template <class T>
   void operator()(const char* key, const T& field, const char* doc) {
     out->push_back({prefix + key, scalar_text(Writer::encode(field)), doc});
+    if constexpr (std::is_same_v<T, std::vector<DatasetEntry>>) {
+      // An entry's keys beyond data.dataset's, as data.datasets[].weight etc.
+      Lister entry{prefix + key + "[].", out};
+      DatasetEntry defaults;
+      defaults.visit_own(entry);
+    }
   }
   template <class S>
   void section(const char* key, S& s) {
@@ -379,6 +400,12 @@ struct FiniteChecker {
       FiniteChecker inner{prefix + key + "."};
       auto copy = field;
       copy.visit(inner);
+    } else if constexpr (std::is_same_v<T, std::vector<DatasetEntry>>) {
+      for (size_t i = 0; i < field.size(); ++i) {
+        FiniteChecker inner{prefix + key + "[" + std::to_string(i) + "]."};
+        auto copy = field[i];
+        copy.visit(inner);
+      }
     }
   }
   template <class S>
@@ -420,6 +447,11 @@ Config parse_config(const YAML::Node& input, const std::string& source, const st
   YAML::Node root = input && !input.IsNull() ? YAML::Clone(input) : YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap()) throw UserError(source + ": the config must be a mapping of sections (model, data, train, ...)");
   for (const auto& o : overrides) apply_override(root, o, source);
+  if (const YAML::Node data = root["data"]; data.IsMap() && data["dataset"] && data["datasets"] &&
+                                              data["datasets"].IsSequence() && data["datasets"].size() > 0) {
+    throw UserError(source + ": data.dataset and data.datasets are both set; a mixture lists every dataset under "
+                    "data.datasets (move data.dataset's keys into an entry), a single dataset needs only data.dataset");
+  }
   Config c;
   Reader::read_struct(root, c, "", source, &marks);
   // train.gradient_checkpointing was a bool until `auto` joined it: every spelling YAML reads as a bool (True, yes,
@@ -503,15 +535,34 @@ void validate(const Config& c) {
             "a multiple of num_heads (" + std::to_string(v.num_heads) + ")");
     require(v.patch_size > 0, key + ".patch_size", v.patch_size, "> 0");
   }
-  const auto& d = c.data.dataset;
   require(c.model.attention == "auto" || c.model.attention == "explicit" || c.model.attention == "sdpa",
           "model.attention", "'" + c.model.attention + "'", "auto, explicit or sdpa");
-  require(d.format == "libero" || d.format == "aloha" || d.format == "lerobot", "data.dataset.format",
-          "'" + d.format + "'", "libero, aloha or lerobot");
-  require(d.adapt_to_pi == "auto" || d.adapt_to_pi == "true" || d.adapt_to_pi == "false", "data.dataset.adapt_to_pi",
-          "'" + d.adapt_to_pi + "'", "auto, true or false");
-  require(d.flip_images == "auto" || d.flip_images == "true" || d.flip_images == "false", "data.dataset.flip_images",
-          "'" + d.flip_images + "'", "auto, true or false");
+  const auto entries = dataset_entries(c);
+  std::set<std::string> asset_ids;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& d = entries[i];
+    const std::string key = dataset_key(c, i);
+    require(d.format == "libero" || d.format == "aloha" || d.format == "lerobot", key + ".format",
+            "'" + d.format + "'", "libero, aloha or lerobot");
+    require(d.adapt_to_pi == "auto" || d.adapt_to_pi == "true" || d.adapt_to_pi == "false", key + ".adapt_to_pi",
+            "'" + d.adapt_to_pi + "'", "auto, true or false");
+    require(d.flip_images == "auto" || d.flip_images == "true" || d.flip_images == "false", key + ".flip_images",
+            "'" + d.flip_images + "'", "auto, true or false");
+    for (size_t p = 0; p < d.paths.size(); ++p) require_plain_path(key + ".paths[" + std::to_string(p) + "]", d.paths[p]);
+    if (c.data.datasets.empty()) continue;  // the single dataset's stats and asset are data.norm_stats, checkpoint.asset_id
+    require(d.weight > 0, key + ".weight", d.weight, "> 0");
+    require_plain_path(key + ".norm_stats", d.norm_stats);
+    const auto& id = d.asset_id;
+    require(!id.empty() && id != "." && id != ".." && id.find('/') == std::string::npos && !has_control_char(id),
+            key + ".asset_id", quote_value(id),
+            "a plain folder name (no '/', not '.' or '..', no control characters), e.g. 'libero'");
+    require(asset_ids.insert(id).second, key + ".asset_id", quote_value(id),
+            "unique among data.datasets (each entry's stats live in assets/<asset_id>/)");
+    for (const int64_t e : d.validation_episodes)
+      require(e >= 0, key + ".validation_episodes", e, "episode indices >= 0");
+  }
+  require(c.data.validation_split >= 0 && c.data.validation_split < 1, "data.validation_split",
+          c.data.validation_split, "in [0, 1) (0 = no validation split)");
   require(c.data.num_workers >= 0, "data.num_workers", c.data.num_workers, ">= 0");
   require(c.data.prefetch >= 1, "data.prefetch", c.data.prefetch, ">= 1");
   const auto& t = c.train;
@@ -548,6 +599,12 @@ void validate(const Config& c) {
           "in 0.." + std::to_string(c.model.action_horizon - 1) + " (below model.action_horizon; 0 = off)");
   require(t.rtc_delay_distribution == "uniform" || t.rtc_delay_distribution == "exp", "train.rtc_delay_distribution",
           "'" + t.rtc_delay_distribution + "'", "uniform or exp");
+  for (size_t i = 0; i < t.loss_mask.size(); ++i) {
+    require(t.loss_mask[i] == "episode_end" || t.loss_mask[i] == "action_padding",
+            "train.loss_mask[" + std::to_string(i) + "]", quote_value(t.loss_mask[i]), "episode_end or action_padding");
+  }
+  require(t.val_interval >= 0, "train.val_interval", t.val_interval, ">= 0 (0 = checkpoint.save_interval)");
+  require(t.val_samples >= 0, "train.val_samples", t.val_samples, ">= 0 (0 = every held-out frame)");
   require(t.rtc_delay_exp_rate > 0 && std::isfinite(t.rtc_delay_exp_rate), "train.rtc_delay_exp_rate",
           t.rtc_delay_exp_rate, "a finite number > 0");
   const auto& k = c.checkpoint;
@@ -556,7 +613,6 @@ void validate(const Config& c) {
   require_plain_path("checkpoint.init_weights", k.init_weights);
   require_plain_path("data.norm_stats", c.data.norm_stats);
   require_plain_path("data.tokenizer", c.data.tokenizer);
-  for (size_t i = 0; i < d.paths.size(); ++i) require_plain_path("data.dataset.paths[" + std::to_string(i) + "]", d.paths[i]);
   // asset_id names the folder assets/<asset_id>/ inside every checkpoint and bundle: '..', a '/' or an absolute
   // path would put norm_stats.json outside them (overwriting what is there).
   const auto& id = k.asset_id;
@@ -566,20 +622,80 @@ void validate(const Config& c) {
   require(k.save_interval > 0, "checkpoint.save_interval", k.save_interval, "> 0");
   require(k.keep_last >= 1, "checkpoint.keep_last", k.keep_last, ">= 1");
   require(k.keep_period >= 0, "checkpoint.keep_period", k.keep_period, ">= 0 (0 = none)");
+  require(k.keep_best >= 0, "checkpoint.keep_best", k.keep_best, ">= 0 (0 = none)");
+  require(k.keep_best == 0 || validation_enabled(c), "checkpoint.keep_best", k.keep_best,
+          "0 without a validation split (set data.validation_split or an entry's validation_episodes: the best are "
+          "chosen by val_loss)");
   require(k.resume_policy == "newest_verified" || k.resume_policy == "strict", "checkpoint.resume_policy",
           "'" + k.resume_policy + "'", "newest_verified or strict");
   require(c.dist.bucket_size_mb > 0, "dist.bucket_size_mb", c.dist.bucket_size_mb, "> 0");
   require(c.dist.timeout_s > 0, "dist.timeout_s", c.dist.timeout_s, "> 0");
   require(c.dist.shard == "none" || c.dist.shard == "optimizer" || c.dist.shard == "gradients", "dist.shard",
           "'" + c.dist.shard + "'", "none, optimizer or gradients");
-  policy_metadata(c);  // refuses what pi0-serve could not send, at config load rather than at serving time
+  // Refuses what pi0-serve could not send, at config load rather than at serving time: a bundle serves one dataset's
+  // robot profile (pi0-serve --asset), so each entry's.
+  for (size_t i = 0; i < entries.size(); ++i) policy_metadata(for_dataset(c, i));
 }
 
 YAML::Node to_yaml(const Config& config) {
   Writer w;
   auto copy = config;
   copy.visit(w);
+  // A mixture lists every dataset under data.datasets; data.dataset's defaults beside it would read back as both set.
+  if (!config.data.datasets.empty()) w.node["data"].remove("dataset");
   return w.node;
+}
+
+std::vector<DatasetEntry> dataset_entries(const Config& config) {
+  std::vector<DatasetEntry> out;
+  if (config.data.datasets.empty()) {
+    DatasetEntry e;
+    static_cast<DatasetConfig&>(e) = config.data.dataset;
+    out.push_back(e);
+  } else {
+    out = config.data.datasets;
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i].norm_stats.empty()) out[i].norm_stats = config.data.norm_stats;
+    if (out[i].asset_id.empty())
+      out[i].asset_id = config.checkpoint.asset_id + (i == 0 ? std::string() : "_" + std::to_string(i));
+  }
+  return out;
+}
+
+std::string dataset_key(const Config& config, size_t i) {
+  return config.data.datasets.empty() ? std::string("data.dataset") : "data.datasets[" + std::to_string(i) + "]";
+}
+
+Config for_dataset(const Config& config, size_t i) {
+  const auto entries = dataset_entries(config);
+  PI0_CHECK(i < entries.size(), "for_dataset: entry ", i, " of ", entries.size());
+  Config out = config;
+  out.data.dataset = entries[i];  // the DatasetConfig part
+  out.data.datasets.clear();
+  out.data.norm_stats = entries[i].norm_stats;
+  out.checkpoint.asset_id = entries[i].asset_id;
+  return out;
+}
+
+bool validation_enabled(const Config& config) {
+  if (config.data.validation_split > 0) return true;
+  for (const auto& e : config.data.datasets)
+    if (!e.validation_episodes.empty()) return true;
+  return false;
+}
+
+int64_t val_interval(const Config& config) {
+  return config.train.val_interval > 0 ? config.train.val_interval : config.checkpoint.save_interval;
+}
+
+LossMask loss_mask(const TrainConfig& train) {
+  LossMask m;
+  for (const auto& s : train.loss_mask) {
+    if (s == "episode_end") m.episode_end = true;
+    if (s == "action_padding") m.action_padding = true;
+  }
+  return m;
 }
 
 std::string to_compact_text(const Config& config) {

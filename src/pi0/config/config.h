@@ -124,9 +124,39 @@ struct DatasetConfig {
   }
 };
 
+/// One entry of data.datasets: a dataset (every data.dataset key) with its share of the training samples, its own
+/// normalization statistics and the asset id under which checkpoints and bundles keep them. Resolved entries (empty
+/// norm_stats and asset_id filled in): dataset_entries().
+struct DatasetEntry : DatasetConfig {
+  double weight = 1.0;
+  std::string norm_stats;
+  std::string asset_id;
+  std::vector<int64_t> validation_episodes;
+
+  template <class V>
+  void visit(V& v) {
+    DatasetConfig::visit(v);
+    visit_own(v);
+  }
+  /// The keys an entry has beyond data.dataset's.
+  template <class V>
+  void visit_own(V& v) {
+    v("weight", weight, "share of the training samples: each is drawn from entry i with probability weight_i / the "
+                        "sum of the weights");
+    v("norm_stats", norm_stats, "this entry's norm_stats.json (pi0-norm-stats writes it); empty = data.norm_stats");
+    v("asset_id", asset_id, "folder assets/<asset_id>/ of this entry's stats in checkpoints and bundles (pi0-infer "
+                            "and pi0-serve --asset); empty = checkpoint.asset_id for the first entry, "
+                            "<checkpoint.asset_id>_<i> for entry i");
+    v("validation_episodes", validation_episodes, "episode indices (in the entry's order) held out for validation; "
+                                                  "empty = data.validation_split's share");
+  }
+};
+
 struct DataConfig {
   DatasetConfig dataset;
+  std::vector<DatasetEntry> datasets;
   std::string norm_stats;  // norm_stats.json path
+  double validation_split = 0.0;
   std::string tokenizer;   // sentencepiece model path
   std::vector<bool> delta_action_mask;
   bool discrete_state_input = true;
@@ -137,7 +167,11 @@ struct DataConfig {
   template <class V>
   void visit(V& v) {
     v.section("dataset", dataset);
+    v("datasets", datasets, "a weighted mixture instead of data.dataset: a list of entries, each with data.dataset's "
+                            "keys plus weight, norm_stats, asset_id and validation_episodes (docs/data.md)");
     v("norm_stats", norm_stats, "openpi norm_stats.json for state and actions (make it with pi0-norm-stats)");
+    v("validation_split", validation_split, "fraction of each dataset's episodes held out of training for validation "
+                                            "(chosen by train.seed); 0 = none. See train.val_interval");
     v("tokenizer", tokenizer, "sentencepiece model file (PaliGemma's for released checkpoints)");
     v("delta_action_mask", delta_action_mask, "per action dim: true = convert to delta w.r.t. the state; empty = off");
     v("discrete_state_input", discrete_state_input, "pi05: state as discretized text in the prompt (false: pi0 prompt, no state)");
@@ -176,6 +210,9 @@ struct TrainConfig {
   int64_t rtc_max_delay = 0;
   std::string rtc_delay_distribution = "uniform";
   double rtc_delay_exp_rate = 0.5;
+  std::vector<std::string> loss_mask;
+  int64_t val_interval = 0;
+  int64_t val_samples = 64;
 
   template <class V>
   void visit(V& v) {
@@ -208,6 +245,13 @@ struct TrainConfig {
     v("rtc_max_delay", rtc_max_delay, "training-time real-time chunking: each example's first d actions (d drawn in 0..rtc_max_delay) enter clean (t = 0) and leave the loss, so the model learns to continue a committed prefix; serve with --rtc trained for delays up to this. 0 = off (openpi's training). See docs/serving.md");
     v("rtc_delay_distribution", rtc_delay_distribution, "how d is drawn when rtc_max_delay > 0: uniform (as LeRobot and OpenTau) | exp (P(d) proportional to exp(-rtc_delay_exp_rate * d): short delays more often)");
     v("rtc_delay_exp_rate", rtc_delay_exp_rate, "decay rate of rtc_delay_distribution: exp, per action step");
+    v("loss_mask", loss_mask, "positions left out of the loss, opt-in (default: none, as openpi): episode_end (chunk "
+                              "rows past the episode's last frame, which repeat its last action), action_padding (the "
+                              "zero dims past the robot's own action dims)");
+    v("val_interval", val_interval, "steps between validation passes (and one at the end) when data.validation_split "
+                                    "or validation_episodes hold episodes out; 0 = checkpoint.save_interval");
+    v("val_samples", val_samples, "held-out samples each validation pass evaluates (spread evenly over the held-out "
+                                  "frames, the same every pass); 0 = all");
   }
 };
 
@@ -216,6 +260,7 @@ struct CheckpointConfig {
   int64_t save_interval = 1000;
   int64_t keep_last = 2;
   int64_t keep_period = 5000;
+  int64_t keep_best = 0;
   std::string init_weights;
   bool reinit_mismatched_projections = false;
   std::string asset_id = "default";
@@ -228,6 +273,8 @@ struct CheckpointConfig {
     v("save_interval", save_interval, "steps between checkpoints (a final one is always written)");
     v("keep_last", keep_last, "newest checkpoints kept");
     v("keep_period", keep_period, "checkpoints at multiples of this step are kept forever; 0 = none");
+    v("keep_best", keep_best, "also keep the K checkpoints with the lowest val_loss (needs a validation split); 0 = "
+                              "none");
     v("init_weights", init_weights, "openpi/LeRobot model.safetensors to start from (weights only); empty = random init");
     v("reinit_mismatched_projections", reinit_mismatched_projections, "re-initialize action/state projections whose shape differs from init_weights (different action_dim)");
     v("asset_id", asset_id, "name of the assets/<asset_id>/ folder holding norm_stats.json in exports");
@@ -293,6 +340,27 @@ YAML::Node to_yaml(const Config& config);
 /// The resolved config for a log: one YAML flow mapping per section ("train: {num_steps: 300, ...}"), wrapped at
 /// 118 columns, no final line break; parses back to the same config.
 std::string to_compact_text(const Config& config);
+/// The datasets a run trains on, resolved: data.datasets, or data.dataset as the one entry (weight 1). An empty
+/// norm_stats becomes data.norm_stats; an empty asset_id checkpoint.asset_id for entry 0, "<asset_id>_<i>" for entry i.
+std::vector<DatasetEntry> dataset_entries(const Config& config);
+/// The key of entry i in messages: "data.dataset" for a single dataset, else "data.datasets[i]".
+std::string dataset_key(const Config& config, size_t i);
+/// `config` narrowed to entry i of dataset_entries(): data.dataset is that entry, data.datasets is empty, and
+/// data.norm_stats and checkpoint.asset_id are the entry's. What per-dataset code (norm stats, a bundle's robot
+/// profile, the transforms) reads.
+Config for_dataset(const Config& config, size_t i);
+/// Whether any episodes are held out for validation (data.validation_split or an entry's validation_episodes).
+bool validation_enabled(const Config& config);
+/// train.val_interval resolved (0 → checkpoint.save_interval).
+int64_t val_interval(const Config& config);
+/// train.loss_mask as flags.
+struct LossMask {
+  bool episode_end = false;
+  bool action_padding = false;
+  bool any() const { return episode_end || action_padding; }
+};
+LossMask loss_mask(const TrainConfig& train);
+
 /// Every key as (dotted key, default value as text, doc) in declaration order, for the reference docs.
 std::vector<std::array<std::string, 3>> config_reference();
 

@@ -8,9 +8,9 @@
 
 namespace pi0::data {
 
-DatasetOptions dataset_options(const config::Config& cfg) {
+DatasetOptions dataset_options(const config::Config& cfg, const std::string& key) {
   const auto& d = cfg.data.dataset;
-  if (d.paths.empty()) throw UserError("data.dataset.paths is empty: name the HDF5 files or globs to train on");
+  if (d.paths.empty()) throw UserError(key + ".paths is empty: name the HDF5 files or globs to train on");
   DatasetOptions o;
   static_cast<config::DatasetConfig&>(o) = d;  // the section is DatasetOptions' own first part
   o.action_horizon = cfg.model.action_horizon;
@@ -28,15 +28,15 @@ TransformOptions transform_options(const config::Config& cfg) {
   return t;
 }
 
-NormStats load_config_norm_stats(const config::Config& cfg) {
+NormStats load_config_norm_stats(const config::Config& cfg, const std::string& key) {
   if (cfg.data.norm_stats.empty()) {
-    throw UserError("data.norm_stats is not set: compute it with pi0-norm-stats --config <run.yaml> and set the path");
+    throw UserError(key + " is not set: compute it with pi0-norm-stats --config <run.yaml> and set the path");
   }
   if (!pi0::posix_fs::exists(cfg.data.norm_stats)) {
-    throw UserError("data.norm_stats: file '" + cfg.data.norm_stats +
+    throw UserError(key + ": file '" + cfg.data.norm_stats +
                     "' does not exist (compute it with pi0-norm-stats --config <run.yaml>)");
   }
-  require_input_file(cfg.data.norm_stats, "data.norm_stats", "a norm_stats.json file");
+  require_input_file(cfg.data.norm_stats, key, "a norm_stats.json file");
   return load_norm_stats(cfg.data.norm_stats);
 }
 

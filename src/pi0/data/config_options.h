@@ -8,11 +8,12 @@
 
 namespace pi0::data {
 
-/// Dataset options of the config (action horizon from the model section).
-DatasetOptions dataset_options(const config::Config& cfg);
+/// Dataset options of the config's data.dataset (action horizon from the model section); `key` names the section in
+/// messages (an entry of a mixture: "data.datasets[1]", with cfg = config::for_dataset(...)).
+DatasetOptions dataset_options(const config::Config& cfg, const std::string& key = "data.dataset");
 /// Transform options of the config (model type, dims and the data section's choices).
 TransformOptions transform_options(const config::Config& cfg);
-/// Norm stats named by data.norm_stats (UserError naming the key when unset or unreadable).
-NormStats load_config_norm_stats(const config::Config& cfg);
+/// Norm stats named by data.norm_stats (UserError naming `key` when unset or unreadable).
+NormStats load_config_norm_stats(const config::Config& cfg, const std::string& key = "data.norm_stats");
 
 }  // namespace pi0::data

@@ -452,6 +452,7 @@ RawSample RobotDataset::get(int64_t index) const {
   s.prompt = ep.frame_tasks.empty() ? ep.prompt : lerobot_source(ep.file).task(ep.frame_tasks[static_cast<size_t>(t)]);
   s.state = ep.state[t].clone();
   s.actions = action_chunk(e, t);
+  s.valid_rows = std::min(options_.action_horizon, ep.length - t);
   for (size_t slot = 0; slot < model::kCameraNames.size(); ++slot) {
     if (ep.camera_paths[slot].empty()) {
       s.images.emplace_back();

@@ -48,6 +48,7 @@ struct RawSample {
   std::string prompt;
   int64_t episode = 0;                ///< episode index in the dataset
   int64_t frame = 0;                  ///< t within the episode
+  int64_t valid_rows = 0;             ///< rows of `actions` recorded (min(H, T − t)); the rest repeat the last one
 };
 
 /// One episode's location and its in-memory low-dim arrays.

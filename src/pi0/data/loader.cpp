@@ -1,5 +1,7 @@
 #include "pi0/data/loader.h"
 
+#include <cmath>
+
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
@@ -23,17 +25,28 @@ std::vector<int64_t> DataLoader::permutation(int64_t n, uint64_t seed, int64_t e
 
 DataLoader::DataLoader(std::shared_ptr<const RobotDataset> dataset, std::shared_ptr<const SampleTransform> transform,
                        LoaderOptions options, LoaderPosition start)
-    : dataset_(std::move(dataset)), transform_(std::move(transform)), options_(options) {
-  PI0_CHECK(dataset_ && transform_, "DataLoader needs a dataset and a transform");
+    : DataLoader(std::vector<DataSource>{{"", std::move(dataset), std::move(transform), 1.0, {}}}, options, start) {}
+
+DataLoader::DataLoader(std::vector<DataSource> sources, LoaderOptions options, LoaderPosition start)
+    : sources_(std::move(sources)), options_(options) {
+  if (sources_.empty()) throw UserError("loader: no dataset to draw from");
   if (options_.batch_size < 1) throw UserError("loader.batch_size: got " + std::to_string(options_.batch_size) + ", expected >= 1");
   if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size)
     throw UserError("loader: rank " + std::to_string(options_.rank) + " / world_size " +
                     std::to_string(options_.world_size) + ", expected 0 <= rank < world_size");
   if (options_.num_workers < 0) throw UserError("loader.num_workers: got " + std::to_string(options_.num_workers) + ", expected >= 0");
   if (options_.prefetch < 1) options_.prefetch = 1;
-  transform_->check_dims(dataset_->state_dim(), dataset_->action_dim());
+  for (const auto& s : sources_) {
+    PI0_CHECK(s.dataset && s.transform, "DataLoader needs a dataset and a transform per source");
+    const std::string what = s.name.empty() ? std::string("the dataset") : "dataset '" + s.name + "'";
+    if (!(s.weight > 0) || !std::isfinite(s.weight))
+      throw UserError("loader: " + what + " has weight " + std::to_string(s.weight) + ", expected a finite number > 0");
+    if (s.size() < 1) throw UserError("loader: " + what + " has no frames to train on");
+    s.transform->check_dims(s.dataset->state_dim(), s.dataset->action_dim());
+    epoch_size_ += s.size();
+  }
   const int64_t global = options_.batch_size * options_.world_size;
-  const int64_t n = dataset_->size();
+  const int64_t n = epoch_size_;
   batches_per_epoch_ = options_.drop_last ? n / global : (n + global - 1) / global;
   if (batches_per_epoch_ < 1)
     throw UserError("loader.batch_size: " + std::to_string(options_.batch_size) + " x world_size " +
@@ -65,24 +78,70 @@ void DataLoader::seek(LoaderPosition pos) {
   start_workers();
 }
 
-std::vector<int64_t> DataLoader::batch_indices(LoaderPosition pos) const {
-  const int64_t n = dataset_->size();
-  std::shared_ptr<const std::vector<int64_t>> perm;
-  if (options_.shuffle) {
-    std::lock_guard<std::mutex> lock(perm_mutex_);
-    auto it = perms_.find(pos.epoch);
-    if (it == perms_.end()) {
-      if (perms_.size() > 4) perms_.erase(perms_.begin());
-      it = perms_.emplace(pos.epoch, std::make_shared<const std::vector<int64_t>>(permutation(n, options_.seed, pos.epoch))).first;
+std::vector<SampleRef> DataLoader::epoch_order(int64_t epoch) const {
+  std::vector<SampleRef> order;
+  order.reserve(static_cast<size_t>(epoch_size_));
+  if (sources_.size() == 1) {
+    const auto& s = sources_[0];
+    if (options_.shuffle) {
+      for (const int64_t k : permutation(s.size(), options_.seed, epoch)) order.push_back({0, s.index(k)});
+    } else {
+      for (int64_t k = 0; k < s.size(); ++k) order.push_back({0, s.index(k)});
     }
-    perm = it->second;
+    return order;
   }
-  std::vector<int64_t> out;
+  if (!options_.shuffle) {  // the sources one after the other
+    for (size_t i = 0; i < sources_.size(); ++i)
+      for (int64_t k = 0; k < sources_[i].size(); ++k) order.push_back({static_cast<int64_t>(i), sources_[i].index(k)});
+    return order;
+  }
+  // Each slot's source: one uniform of the epoch's stream against the cumulative weights.
+  std::vector<double> cumulative;
+  double total = 0;
+  for (const auto& s : sources_) cumulative.push_back(total += s.weight);
+  Rng slots(sample_seed(options_.seed, epoch, -2));
+  std::vector<int64_t> drawn(sources_.size(), 0);
+  std::vector<std::vector<int64_t>> perms(sources_.size());
+  for (int64_t k = 0; k < epoch_size_; ++k) {
+    const double u = slots.uniform(0.0, total);
+    size_t i = 0;
+    while (i + 1 < cumulative.size() && u >= cumulative[i]) ++i;
+    const auto& s = sources_[i];
+    const int64_t n = s.size();
+    const int64_t c = drawn[i]++;
+    if (c % n == 0) {
+      // The source's (c / n)-th pass of this epoch: its own permutation, from the seed, the source and the pass.
+      const uint64_t source_seed = sample_seed(options_.seed, static_cast<int64_t>(i), -3);
+      perms[i] = permutation(n, source_seed, epoch * (int64_t{1} << 24) + c / n);
+    }
+    order.push_back({static_cast<int64_t>(i), s.index(perms[i][static_cast<size_t>(c % n)])});
+  }
+  return order;
+}
+
+std::vector<SampleRef> DataLoader::batch_samples(LoaderPosition pos) const {
+  std::shared_ptr<const std::vector<SampleRef>> order;
+  {
+    std::lock_guard<std::mutex> lock(perm_mutex_);
+    auto it = orders_.find(pos.epoch);
+    if (it == orders_.end()) {
+      if (orders_.size() > 4) orders_.erase(orders_.begin());
+      it = orders_.emplace(pos.epoch, std::make_shared<const std::vector<SampleRef>>(epoch_order(pos.epoch))).first;
+    }
+    order = it->second;
+  }
+  std::vector<SampleRef> out;
   const int64_t first = (pos.batch_index * options_.world_size + options_.rank) * options_.batch_size;
   for (int64_t i = 0; i < options_.batch_size; ++i) {
-    const int64_t k = (first + i) % n;  // wraps only without drop_last
-    out.push_back(perm ? (*perm)[static_cast<size_t>(k)] : k);
+    const int64_t k = (first + i) % epoch_size_;  // wraps only without drop_last
+    out.push_back((*order)[static_cast<size_t>(k)]);
   }
+  return out;
+}
+
+std::vector<int64_t> DataLoader::batch_indices(LoaderPosition pos) const {
+  std::vector<int64_t> out;
+  for (const auto& r : batch_samples(pos)) out.push_back(r.index);
   return out;
 }
 
@@ -97,19 +156,35 @@ model::Batch pinned(const model::Batch& b) {
   out.observation.tokenized_prompt = pin(b.observation.tokenized_prompt);
   out.observation.tokenized_prompt_mask = pin(b.observation.tokenized_prompt_mask);
   out.actions = pin(b.actions);
+  out.action_rows = pin(b.action_rows);
+  out.action_dims = pin(b.action_dims);
   return out;
 }
 }  // namespace
 
+model::Batch make_batch(const std::vector<DataSource>& sources, const std::vector<SampleRef>& refs,
+                        const std::vector<std::optional<uint64_t>>& augment_seeds) {
+  PI0_CHECK(augment_seeds.empty() || augment_seeds.size() == refs.size(), "make_batch: one seed per sample");
+  std::vector<ProcessedSample> samples;
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const auto& s = sources.at(static_cast<size_t>(refs[i].source));
+    samples.push_back((*s.transform)(s.dataset->get(refs[i].index), augment_seeds.empty() ? std::nullopt : augment_seeds[i]));
+  }
+  return collate(samples);
+}
+
 model::Batch DataLoader::build(int64_t g) const {
   const LoaderPosition pos = to_position(g);
-  std::vector<ProcessedSample> samples;
-  for (int64_t idx : batch_indices(pos)) {
-    std::optional<uint64_t> seed;
-    if (options_.augment) seed = sample_seed(options_.seed, pos.epoch, idx);
-    samples.push_back((*transform_)(dataset_->get(idx), seed));
+  const auto refs = batch_samples(pos);
+  std::vector<std::optional<uint64_t>> seeds;
+  if (options_.augment) {
+    for (const auto& r : refs) {
+      // One source: the seed of its dataset index, as before mixtures. Several: each source's own stream.
+      const uint64_t base = sources_.size() == 1 ? options_.seed : sample_seed(options_.seed, r.source, -4);
+      seeds.push_back(sample_seed(base, pos.epoch, r.index));
+    }
   }
-  auto batch = collate(samples);
+  auto batch = make_batch(sources_, refs, seeds);
   if (options_.pin_memory) batch = pinned(batch);
   return batch;
 }

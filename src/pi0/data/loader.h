@@ -1,10 +1,16 @@
-// Multi-threaded, deterministic, resumable batch loader.
+// Multi-threaded, deterministic, resumable batch loader over one dataset or a weighted mixture of several.
 //
 // Determinism: the batch at (epoch, batch_index) on a rank is a pure function of (seed, epoch, batch_index, rank,
-// world_size, batch_size): the epoch's permutation comes from (seed, epoch), the rank takes a fixed slice of it, and
-// each sample's augmentation stream is seeded from (seed, epoch, dataset index). Worker threads only decide *when* a
-// batch is built, never *what* is in it, so any num_workers gives the same batches, and restoring a LoaderPosition
-// yields exactly the batch that would have come next.
+// world_size, batch_size): the epoch's order of samples comes from (seed, epoch), the rank takes a fixed slice of it,
+// and each sample's augmentation stream is seeded from (seed, epoch, dataset index). Worker threads only decide
+// *when* a batch is built, never *what* is in it, so any num_workers gives the same batches, and restoring a
+// LoaderPosition yields exactly the batch that would have come next.
+//
+// One source: an epoch is a permutation of its frames (of its training split, when episodes are held out). Several
+// (data.datasets): an epoch has as many samples as the sources' frames together; each of its slots draws its source
+// i with probability weight_i / Σ weights (independent draws from the epoch's seed), and a source's n-th draw in the
+// epoch takes the n-th frame of the source's own permutation (a fresh permutation each time it runs out), so a
+// source is sampled without replacement until it is exhausted.
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -13,6 +19,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -37,6 +45,32 @@ struct LoaderOptions {
   bool pin_memory = false;
 };
 
+/// One dataset of what the loader draws from: its samples, its transform (its own norm stats and dims), its share.
+struct DataSource {
+  std::string name;  ///< its asset id: messages, --dump-batches
+  std::shared_ptr<const RobotDataset> dataset;
+  std::shared_ptr<const SampleTransform> transform;
+  double weight = 1.0;
+  /// Dataset indices the loader may draw (the training split), ascending; empty = every frame.
+  std::vector<int64_t> frames;
+
+  int64_t size() const { return frames.empty() ? dataset->size() : static_cast<int64_t>(frames.size()); }
+  /// Dataset index of the source's k-th drawable frame.
+  int64_t index(int64_t k) const { return frames.empty() ? k : frames[static_cast<size_t>(k)]; }
+};
+
+/// One sample of a batch: which source, which dataset index in it.
+struct SampleRef {
+  int64_t source = 0;
+  int64_t index = 0;
+  bool operator==(const SampleRef& o) const { return source == o.source && index == o.index; }
+};
+
+/// The samples `refs` of `sources` through their transforms, stacked (augmented with the seeds when given, one per
+/// sample).
+model::Batch make_batch(const std::vector<DataSource>& sources, const std::vector<SampleRef>& refs,
+                        const std::vector<std::optional<uint64_t>>& augment_seeds = {});
+
 /// Where the loader is: the next batch next() returns. Save it with a checkpoint, pass it back to resume.
 struct LoaderPosition {
   int64_t epoch = 0;
@@ -46,6 +80,9 @@ struct LoaderPosition {
 
 class DataLoader {
  public:
+  /// One or more sources (a mixture when several); UserError for none, a weight <= 0 or an empty source.
+  DataLoader(std::vector<DataSource> sources, LoaderOptions options, LoaderPosition start = {});
+  /// One dataset, every frame.
   DataLoader(std::shared_ptr<const RobotDataset> dataset, std::shared_ptr<const SampleTransform> transform,
              LoaderOptions options, LoaderPosition start = {});
   ~DataLoader();  ///< stops and joins the workers
@@ -60,7 +97,12 @@ class DataLoader {
   void seek(LoaderPosition pos);
 
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
-  /// Dataset indices of the batch at `pos` for this rank (pure function; exposed for tests).
+  /// Samples per epoch: the sources' drawable frames together.
+  int64_t epoch_size() const { return epoch_size_; }
+  const std::vector<DataSource>& sources() const { return sources_; }
+  /// The samples of the batch at `pos` for this rank (pure function).
+  std::vector<SampleRef> batch_samples(LoaderPosition pos) const;
+  /// Their dataset indices (each in its own source's dataset).
   std::vector<int64_t> batch_indices(LoaderPosition pos) const;
   /// The epoch's permutation of [0, n) from (seed, epoch): Fisher-Yates over SplitMix64, identical on every platform.
   static std::vector<int64_t> permutation(int64_t n, uint64_t seed, int64_t epoch);
@@ -72,9 +114,12 @@ class DataLoader {
   void worker_loop();
   LoaderPosition to_position(int64_t global_batch) const;
 
-  std::shared_ptr<const RobotDataset> dataset_;
-  std::shared_ptr<const SampleTransform> transform_;
+  /// The epoch's order of samples (one source: a permutation of its frames; a mixture: the slots' draws).
+  std::vector<SampleRef> epoch_order(int64_t epoch) const;
+
+  std::vector<DataSource> sources_;
   LoaderOptions options_;
+  int64_t epoch_size_ = 0;
   int64_t batches_per_epoch_ = 0;
 
   // Batches are numbered globally: g = epoch · batches_per_epoch + batch_index.
@@ -87,9 +132,9 @@ class DataLoader {
   bool stop_ = false;
   std::vector<std::thread> workers_;
 
-  // Permutation cache (one epoch at a time is enough: workers stay within prefetch of the consumer).
+  // Epoch order cache (one epoch at a time is enough: workers stay within prefetch of the consumer).
   mutable std::mutex perm_mutex_;
-  mutable std::map<int64_t, std::shared_ptr<const std::vector<int64_t>>> perms_;
+  mutable std::map<int64_t, std::shared_ptr<const std::vector<SampleRef>>> orders_;
 };
 
 }  // namespace pi0::data

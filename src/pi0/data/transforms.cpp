@@ -385,6 +385,8 @@ ProcessedSample SampleTransform::operator()(const RawSample& raw, std::optional<
   out.token_mask = tp.mask;
   out.state = pad_last_dim(state, options_.action_dim).to(torch::kFloat32);
   out.actions = pad_last_dim(actions, options_.action_dim).to(torch::kFloat32);
+  out.valid_rows = raw.valid_rows;
+  out.action_dims = actions.size(-1);
 
   std::optional<Rng> rng;
   if (augment_seed) rng.emplace(*augment_seed);
@@ -425,12 +427,17 @@ model::Batch collate(const std::vector<ProcessedSample>& samples) {
         torch::tensor(std::vector<int64_t>(masks.begin(), masks.end()), torch::kLong).to(torch::kBool));
   }
   std::vector<torch::Tensor> st, tok, tm, act;
+  std::vector<int64_t> rows, dims;
   for (const auto& s : samples) {
     st.push_back(s.state);
     tok.push_back(s.tokens);
     tm.push_back(s.token_mask);
     act.push_back(s.actions);
+    rows.push_back(s.valid_rows);
+    dims.push_back(s.action_dims);
   }
+  b.action_rows = torch::tensor(rows, torch::kInt64);
+  b.action_dims = torch::tensor(dims, torch::kInt64);
   b.observation.state = torch::stack(st);
   b.observation.tokenized_prompt = torch::stack(tok);
   b.observation.tokenized_prompt_mask = torch::stack(tm);

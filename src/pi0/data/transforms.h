@@ -109,6 +109,8 @@ struct ProcessedSample {
   torch::Tensor tokens;               ///< [L] int64
   torch::Tensor token_mask;           ///< [L] bool
   torch::Tensor actions;              ///< [H,D]
+  int64_t valid_rows = 0;             ///< recorded rows of the chunk (RawSample::valid_rows)
+  int64_t action_dims = 0;            ///< the robot's own action dims, before padding to D
 };
 
 class SampleTransform {
@@ -130,7 +132,8 @@ class SampleTransform {
   std::shared_ptr<const Tokenizer> tokenizer_;
 };
 
-/// Stacks samples into a Batch (images [B,3,S,S], masks [B], state [B,D], tokens [B,L], actions [B,H,D]).
+/// Stacks samples into a Batch (images [B,3,S,S], masks [B], state [B,D], tokens [B,L], actions [B,H,D], and the
+/// chunks' recorded rows and action dims [B]).
 model::Batch collate(const std::vector<ProcessedSample>& samples);
 
 }  // namespace pi0::data

@@ -134,6 +134,7 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
   std::vector<std::string> ema_files;
   config::Config cfg;
   std::string asset_id, base_path;
+  std::vector<std::string> asset_ids;  // every dataset's, the first one the bundle's default
   std::optional<BaseWeightsRef> base_ref;
   reading_checkpoint([&] {
     if (!fs::is_directory(ckpt)) throw UserError(checkpoint_dir + ": no such checkpoint directory");
@@ -148,14 +149,28 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     // EMA weights: one file, or one per rank of a run with dist.shard (pieces of the same tensors).
     ema_files = state_files(checkpoint_dir, kEmaState);
     cfg = config::load_config((ckpt / kConfigYaml).string());
-    if (cfg.data.dataset.format == "lerobot" && cfg.data.dataset.adapt_to_pi == "auto") {
+    for (const auto& entry : config::dataset_entries(cfg)) {
+      if (entry.format != "lerobot" || entry.adapt_to_pi != "auto") continue;
       // pi0-train records the value its data resolved; only checkpoints from before that still say "auto".
       spdlog::warn("{}: data.dataset.adapt_to_pi is 'auto' for LeRobot data (a checkpoint from before pi0-train "
                    "recorded the resolved value), so the bundle applies no ALOHA conversion at inference; if that "
                    "data was ALOHA's (robot_type aloha or cam_high), resume the run and export a newer checkpoint",
                    (ckpt / kConfigYaml).string());
     }
-    asset_id = find_asset_id(ckpt, cfg.checkpoint.asset_id);
+    if (cfg.data.datasets.empty()) {
+      asset_id = find_asset_id(ckpt, cfg.checkpoint.asset_id);
+      asset_ids = {asset_id};
+    } else {
+      // A mixture: each dataset's stats under its own asset id, all of them carried into the bundle.
+      for (const auto& entry : config::dataset_entries(cfg)) {
+        if (!fs::exists(ckpt / kAssetsDir / entry.asset_id / kNormStatsFile)) {
+          throw UserError((ckpt / kAssetsDir / entry.asset_id / kNormStatsFile).string() +
+                          ": missing; expected the norm stats of dataset '" + entry.asset_id + "'");
+        }
+        asset_ids.push_back(entry.asset_id);
+      }
+      asset_id = asset_ids.front();
+    }
     base_ref = read_base_ref(checkpoint_dir);
     base_path = options.base_weights.empty() && base_ref ? base_ref->path : options.base_weights;
   });
@@ -246,6 +261,11 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
   bundle_cfg.data.norm_stats = std::string(kAssetsDir) + "/" + asset_id + "/" + kNormStatsFile;
   bundle_cfg.data.tokenizer = kTokenizerFile;
   bundle_cfg.checkpoint.asset_id = asset_id;
+  for (size_t i = 0; i < bundle_cfg.data.datasets.size(); ++i) {
+    auto& entry = bundle_cfg.data.datasets[i];
+    entry.asset_id = asset_ids[i];
+    entry.norm_stats = std::string(kAssetsDir) + "/" + asset_ids[i] + "/" + kNormStatsFile;
+  }
 
   // The bundle is written next to --out and renamed into place; errors name --out, not that temporary folder.
   const std::string out_what = "--out '" + out_dir + "'";
@@ -257,7 +277,7 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
   const fs::path tmp = out.string() + ".tmp_" + std::to_string(::getpid());
   fs::remove_all(tmp);
   try {
-    create_directories_or_throw((tmp / kAssetsDir / asset_id).string(), "");
+    for (const auto& id : asset_ids) create_directories_or_throw((tmp / kAssetsDir / id).string(), "");
     SaveOptions so;
     so.dtype = options.dtype;
     so.openpi_layout = true;
@@ -278,16 +298,19 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
                          {"action_expert_variant", spec_json(bundle_cfg.model.action_expert_variant)},
                          {"precision", options.dtype == torch::kBFloat16 ? "bfloat16" : "float32"},
                          {"pi05", o.pi05},
-                         {"adapt_to_pi", bundle_cfg.data.dataset.adapt_to_pi_enabled()},
+                         // the default robot profile's (the first dataset's; --asset picks another)
+                         {"adapt_to_pi", config::for_dataset(bundle_cfg, 0).data.dataset.adapt_to_pi_enabled()},
                          {"max_token_len", o.max_token_len},
                          {"image_size", o.siglip.image_size},
                          {"asset_id", asset_id},
+                         {"assets", asset_ids},
                          {"tokenizer", kTokenizerFile},
                          {"weights", weights},
                          {"source_checkpoint", fs::absolute(ckpt).lexically_normal().string()}};
     write_text(tmp / kConfigJson, cj.dump(2) + "\n");
     write_text(tmp / kConfigYaml, YAML::Dump(config::to_yaml(bundle_cfg)) + "\n");
-    fs::copy_file(ckpt / kAssetsDir / asset_id / kNormStatsFile, tmp / kAssetsDir / asset_id / kNormStatsFile);
+    for (const auto& id : asset_ids)
+      fs::copy_file(ckpt / kAssetsDir / id / kNormStatsFile, tmp / kAssetsDir / id / kNormStatsFile);
     fs::copy_file(ckpt / kTokenizerFile, tmp / kTokenizerFile);
     write_manifest(tmp.string(), std::nullopt, {{kModelFile, model_digest}});  // pi0-infer verifies against it
     install_dir(tmp, out);
@@ -341,7 +364,7 @@ ExportReport export_run(const std::string& path, const std::string& out_dir, con
 }
 
 Bundle load_bundle(const std::string& dir, const torch::Device& device,
-                   std::optional<torch::ScalarType> compute_dtype) {
+                   std::optional<torch::ScalarType> compute_dtype, const std::string& asset) {
   const fs::path d(dir);
   if (!fs::is_directory(d)) throw UserError(dir + ": no such bundle directory");
   for (const char* f : {kModelFile, kConfigYaml, kTokenizerFile}) {
@@ -350,7 +373,22 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
   verify_directory(dir, "bundle");
   Bundle b;
   b.dir = dir;
-  b.config = config::load_config((d / kConfigYaml).string());
+  {
+    // The robot profile: one dataset's stats and data settings (a mixture's first unless --asset names another).
+    const auto cfg = config::load_config((d / kConfigYaml).string());
+    const auto entries = config::dataset_entries(cfg);
+    size_t chosen = 0;
+    std::string ids;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      ids += (i ? ", " : "") + entries[i].asset_id;
+      if (entries[i].asset_id == asset) chosen = i;
+    }
+    if (!asset.empty() && entries[chosen].asset_id != asset) {
+      throw UserError("--asset '" + asset + "': not in the bundle " + dir + " (its assets: " + ids + ")");
+    }
+    b.config = config::for_dataset(cfg, chosen);
+    for (const auto& e : entries) b.assets.push_back(e.asset_id);
+  }
   const fs::path stats_path = d / b.config.data.norm_stats;
   b.transform = data::transform_options(b.config).resolved();
   if (b.transform.norm != "none") {

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -62,7 +63,10 @@ ExportReport export_run(const std::string& checkpoint_or_run_dir, const std::str
 /// A loaded bundle: the model (eval mode, on `device`, parameters and compute in `dtype`) and what its inputs need.
 struct Bundle {
   std::string dir;
-  config::Config config;         ///< model/data sections describe the model and its transforms
+  /// model/data sections describe the model and its transforms; narrowed to the chosen dataset (config::for_dataset:
+  /// data.dataset, data.norm_stats and checkpoint.asset_id are that dataset's)
+  config::Config config;
+  std::vector<std::string> assets;  ///< every dataset's asset id in the bundle, the default (first) one first
   model::Pi0 model{nullptr};
   data::NormStats norm_stats;    ///< from assets/<asset_id>/norm_stats.json
   std::string tokenizer_path;    ///< <dir>/tokenizer.model
@@ -72,9 +76,11 @@ struct Bundle {
 
 /// Loads `dir` (written by export_bundle). The model computes in `compute_dtype`; by default in the bundle's own
 /// precision (bf16 for a bf16 bundle, else float32), on every device: the one rule of pi0-infer and pi0-serve, so
-/// the server answers what pi0-infer answers. Throws pi0::UserError naming the missing or malformed file.
+/// the server answers what pi0-infer answers. `asset` picks the dataset whose norm stats and robot settings the
+/// bundle applies (pi0-infer / pi0-serve --asset; a model trained on a mixture holds one per dataset); empty = the
+/// first. Throws pi0::UserError naming the missing or malformed file, or the unknown asset and the bundle's ones.
 Bundle load_bundle(const std::string& dir, const torch::Device& device = torch::kCPU,
-                   std::optional<torch::ScalarType> compute_dtype = std::nullopt);
+                   std::optional<torch::ScalarType> compute_dtype = std::nullopt, const std::string& asset = "");
 
 /// The --dtype flag of pi0-infer and pi0-serve: "" → nullopt (the bundle's precision), bf16|bfloat16, f32|float32.
 std::optional<torch::ScalarType> parse_compute_dtype(const std::string& flag_value);

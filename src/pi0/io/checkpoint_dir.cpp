@@ -167,7 +167,8 @@ std::optional<std::pair<int64_t, std::string>> newest_complete_checkpoint(const 
 }
 
 std::vector<int64_t> prune_checkpoints(const std::string& run_dir, int64_t keep_last, int64_t keep_period,
-                                       const std::set<int64_t>& bad, const std::set<int64_t>& verified) {
+                                       const std::set<int64_t>& bad, const std::set<int64_t>& verified,
+                                       const std::set<int64_t>& keep) {
   PI0_CHECK(keep_last >= 0, "prune_checkpoints: keep_last must be >= 0, got ", keep_last);
   std::vector<int64_t> steps;
   for (const int64_t step : complete_checkpoints(run_dir))
@@ -182,7 +183,7 @@ std::vector<int64_t> prune_checkpoints(const std::string& run_dir, int64_t keep_
     const bool newest = i == n - 1;
     const bool recent = i >= n - keep_last;
     const bool periodic = keep_period > 0 && step % keep_period == 0;
-    if (newest || recent || periodic || step == newest_verified) continue;
+    if (newest || recent || periodic || step == newest_verified || keep.count(step)) continue;
     remove_checkpoint(fs::path(checkpoints_dir(run_dir)) / std::to_string(step));
     deleted.push_back(step);
   }

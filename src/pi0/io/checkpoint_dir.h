@@ -47,9 +47,11 @@ std::optional<std::pair<int64_t, std::string>> newest_complete_checkpoint(const 
 /// not to verify) are neither deleted nor counted, and the newest step in `verified` is always kept, so rotation
 /// never leaves only checkpoints that fail verification. Incomplete numeric directories are left alone (they may be
 /// foreign). Each deletion first renames <step>/ to .deleting_<step>/ (atomic), so a crash mid-delete leaves either
-/// the whole checkpoint or a directory finish_interrupted_deletions() removes. Returns the deleted steps.
+/// the whole checkpoint or a directory finish_interrupted_deletions() removes. Steps in `keep` (checkpoint.keep_best's)
+/// are kept too. Returns the deleted steps.
 std::vector<int64_t> prune_checkpoints(const std::string& run_dir, int64_t keep_last, int64_t keep_period,
-                                       const std::set<int64_t>& bad = {}, const std::set<int64_t>& verified = {});
+                                       const std::set<int64_t>& bad = {}, const std::set<int64_t>& verified = {},
+                                       const std::set<int64_t>& keep = {});
 
 /// run_dir/checkpoints/<step>
 std::string checkpoint_path(const std::string& run_dir, int64_t step);

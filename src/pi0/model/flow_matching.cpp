@@ -47,4 +47,30 @@ torch::Tensor rtc_loss_mask(const torch::Tensor& delays, int64_t horizon, const 
   return (rows >= delays.to(torch::kLong).view({-1, 1})).to(options.dtype());
 }
 
+torch::Tensor action_loss_mask(const torch::Tensor& action_rows, const torch::Tensor& action_dims, int64_t horizon,
+                               int64_t dim, bool episode_end, bool action_padding,
+                               const torch::TensorOptions& options) {
+  TORCH_CHECK(!(episode_end || action_padding) || (action_rows.defined() && action_dims.defined()),
+              "train.loss_mask needs the batch's action_rows and action_dims (set by the data pipeline)");
+  const int64_t b = action_rows.defined() ? action_rows.size(0) : action_dims.size(0);
+  auto mask = torch::ones({b, horizon, dim}, options);
+  const auto dev = torch::TensorOptions().dtype(torch::kInt64).device(options.device());
+  if (episode_end) {
+    const auto rows = torch::arange(horizon, dev).unsqueeze(0) < action_rows.to(options.device()).unsqueeze(1);  // [B,H]
+    mask = mask * rows.unsqueeze(-1).to(options);
+  }
+  if (action_padding) {
+    const auto dims = torch::arange(dim, dev).unsqueeze(0) < action_dims.to(options.device()).unsqueeze(1);  // [B,D]
+    mask = mask * dims.unsqueeze(1).to(options);
+  }
+  return mask;
+}
+
+torch::Tensor masked_mean(const torch::Tensor& elementwise, const torch::Tensor& mask) {
+  // The count is a sum of 0/1 values: exact in float32 up to 2^24 elements, so with an RTC mask [B,H,1] it equals
+  // the kept rows times D exactly.
+  const auto count = mask.expand_as(elementwise).sum();
+  return (elementwise * mask).sum() / count.clamp_min(1);
+}
+
 }  // namespace pi0::model

@@ -36,4 +36,15 @@ torch::Tensor rtc_token_time(const torch::Tensor& time, const torch::Tensor& del
 /// [B,H] float mask of the positions that count in the loss under those delays (rows ≥ d).
 torch::Tensor rtc_loss_mask(const torch::Tensor& delays, int64_t horizon, const torch::TensorOptions& options);
 
+/// train.loss_mask's [B,H,D] float mask (1 = counts) from a batch's facts (Batch::action_rows, action_dims, [B]
+/// int64): `episode_end` keeps rows below each chunk's recorded rows (the rest repeat the episode's last action),
+/// `action_padding` keeps the robot's own action dims (the rest are zero padding). Both off: all ones.
+torch::Tensor action_loss_mask(const torch::Tensor& action_rows, const torch::Tensor& action_dims, int64_t horizon,
+                               int64_t dim, bool episode_end, bool action_padding,
+                               const torch::TensorOptions& options);
+
+/// Mean of `elementwise` [B,H,D] over the elements `mask` keeps (any shape broadcastable to it, 0/1 values):
+/// Σ(e·m) / Σ m (broadcast). An all-zero mask gives 0, not NaN.
+torch::Tensor masked_mean(const torch::Tensor& elementwise, const torch::Tensor& mask);
+
 }  // namespace pi0::model

@@ -39,6 +39,11 @@ struct Observation {
 struct Batch {
   Observation observation;
   torch::Tensor actions;  ///< [B,H,D] float32
+  /// What train.loss_mask reads (model::action_loss_mask), set by the data pipeline; undefined in batches built by
+  /// hand. [B] int64: rows of each chunk that were recorded (the rest repeat the episode's last action), and the
+  /// robot's own action dims (the rest are zero padding).
+  torch::Tensor action_rows;
+  torch::Tensor action_dims;
 };
 
 }  // namespace pi0::model

@@ -21,8 +21,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -319,7 +321,7 @@ std::string Checkpointer::save(const CheckpointedState& s) {
     throw;
   }
   verified_steps_.insert(step);
-  io::prune_checkpoints(ck.run_dir, ck.keep_last, ck.keep_period, bad_steps_, verified_steps_);
+  io::prune_checkpoints(ck.run_dir, ck.keep_last, ck.keep_period, bad_steps_, verified_steps_, best_steps());
   uint64_t bytes = 0;
   for (const auto& e : fs::recursive_directory_iterator(final_dir))
     if (e.is_regular_file()) bytes += e.file_size();
@@ -492,6 +494,7 @@ Checkpointer::Digests Checkpointer::save_progress(const fs::path& tmp, const Che
   state.step = *s.step;
   state.world_size = world_size_;
   state.nonfinite_skips = *s.nonfinite_skips;
+  state.val_loss = s.val_loss;
   state.rank_loaders = p.loaders;
   state.global_batch_size = cfg_.train.batch_size;
   state.grad_accum_steps = cfg_.train.grad_accum_steps;
@@ -502,11 +505,33 @@ Checkpointer::Digests Checkpointer::save_progress(const fs::path& tmp, const Che
   return digests;
 }
 
+std::set<int64_t> Checkpointer::best_steps() const {
+  const int64_t k = cfg_.checkpoint.keep_best;
+  if (k <= 0) return {};
+  std::vector<std::pair<double, int64_t>> ranked;  // (val_loss, step): ties keep the older checkpoint
+  for (const int64_t step : io::complete_checkpoints(cfg_.checkpoint.run_dir)) {
+    if (bad_steps_.count(step)) continue;
+    try {
+      const auto state = read_trainer_state(io::checkpoint_path(cfg_.checkpoint.run_dir, step));
+      if (state.val_loss && std::isfinite(*state.val_loss)) ranked.emplace_back(*state.val_loss, step);
+    } catch (const UserError& e) {
+      spdlog::warn("checkpoint.keep_best: {} (not ranked)", e.what());
+    }
+  }
+  std::sort(ranked.begin(), ranked.end());
+  std::set<int64_t> best;
+  for (size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < k; ++i) best.insert(ranked[i].second);
+  return best;
+}
+
 void Checkpointer::save_config_and_assets(const fs::path& tmp) const {
   write_file_atomic(tmp / io::kConfigYamlFile, YAML::Dump(config::to_yaml(cfg_)) + "\n");
-  const auto assets = tmp / io::kAssetsDir / cfg_.checkpoint.asset_id;
-  create_directories_or_throw(assets.string(), "checkpoint assets");
-  fs::copy_file(cfg_.data.norm_stats, assets / io::kNormStatsFile, fs::copy_options::overwrite_existing);
+  // Every dataset's norm stats under its asset id (one for a single dataset: checkpoint.asset_id).
+  for (const auto& entry : config::dataset_entries(cfg_)) {
+    const auto assets = tmp / io::kAssetsDir / entry.asset_id;
+    create_directories_or_throw(assets.string(), "checkpoint assets");
+    fs::copy_file(entry.norm_stats, assets / io::kNormStatsFile, fs::copy_options::overwrite_existing);
+  }
   fs::copy_file(cfg_.data.tokenizer, tmp / io::kTokenizerFile, fs::copy_options::overwrite_existing);
 }
 

@@ -46,6 +46,9 @@ struct CheckpointedState {
   /// train.offload=optimizer: the model holds device copies of what trains, the masters are here; the files are the
   /// masters (the same files as without offload).
   OptimizerOffload* offload = nullptr;
+  /// The validation loss at this step, when a pass ran at it: recorded in trainer_state.json, ranked by
+  /// checkpoint.keep_best.
+  std::optional<double> val_loss;
 };
 
 class Checkpointer {
@@ -105,6 +108,8 @@ class Checkpointer {
   void reject(const std::string& dir, const std::string& why);
   /// checkpoint.init_weights, when set, is a readable file (a fresh start builds on it).
   void check_init_weights() const;
+  /// checkpoint.keep_best: the steps of the K complete checkpoints with the lowest recorded val_loss.
+  std::set<int64_t> best_steps() const;
   /// What this run is, for resume_position(): world size, train.batch_size, grad_accum_steps, the loader's epoch.
   RunGeometry geometry() const;
 

@@ -6,9 +6,16 @@
 #include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/data/config_options.h"
+#include "pi0/data/split.h"
 #include "pi0/data/tokenizer.h"
 
 namespace pi0::train {
+
+int64_t DataPipeline::total_frames() const {
+  int64_t n = 0;
+  for (const auto& s : sources) n += s.dataset->size();
+  return n;
+}
 
 DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, int64_t rank, int64_t world_size,
                                 data::LoaderPosition start) {
@@ -23,10 +30,29 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
     throw UserError("data.tokenizer '" + cfg.data.tokenizer + "' has " + std::to_string(tokenizer->vocab_size()) +
                     " tokens but model.vocab_size is " + std::to_string(cfg.model.vocab_size));
   }
-  auto dataset = std::make_shared<const data::RobotDataset>(data::dataset_options(cfg));
-  auto transform = std::make_shared<const data::SampleTransform>(data::transform_options(cfg), data::load_config_norm_stats(cfg),
-                                                                 tokenizer);
-  transform->check_dims(dataset->state_dim(), dataset->action_dim());
+  const auto entries = config::dataset_entries(cfg);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    // Each entry through the single-dataset path: its own options, norm stats and transform.
+    const config::Config one = config::for_dataset(cfg, i);
+    const std::string key = config::dataset_key(cfg, i);
+    // An entry's own norm_stats, or data.norm_stats it falls back to.
+    const std::string stats_key =
+        cfg.data.datasets.empty() || cfg.data.datasets[i].norm_stats.empty() ? "data.norm_stats" : key + ".norm_stats";
+    data::DataSource s;
+    s.name = entries[i].asset_id;
+    s.weight = entries[i].weight;
+    s.dataset = std::make_shared<const data::RobotDataset>(data::dataset_options(one, key));
+    s.transform = std::make_shared<const data::SampleTransform>(data::transform_options(one),
+                                                                data::load_config_norm_stats(one, stats_key), tokenizer);
+    s.transform->check_dims(s.dataset->state_dim(), s.dataset->action_dim());
+    const auto held = data::held_out_episodes(s.dataset->num_episodes(), cfg.data.validation_split,
+                                              entries[i].validation_episodes, static_cast<uint64_t>(cfg.train.seed),
+                                              static_cast<int64_t>(i), key);
+    if (!held.empty()) s.frames = data::episode_frames(*s.dataset, held, /*held_out=*/false);
+    p.held_out.push_back(held.empty() ? std::vector<int64_t>{} : data::episode_frames(*s.dataset, held, true));
+    p.sources.push_back(std::move(s));
+  }
+  p.validation = data::validation_samples(p.held_out, cfg.train.val_samples);
   data::LoaderOptions lo;
   lo.batch_size = local_batch;
   lo.num_workers = cfg.data.num_workers;
@@ -36,9 +62,7 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
   lo.rank = rank;
   lo.world_size = world_size;
   lo.augment = cfg.data.augment;
-  p.dataset = dataset;
-  p.transform = transform;
-  p.loader = std::make_unique<data::DataLoader>(dataset, transform, lo, start);
+  p.loader = std::make_unique<data::DataLoader>(p.sources, lo, start);
   return p;
 }
 

@@ -1,7 +1,9 @@
-// Builds the data pipeline (dataset, tokenizer, norm stats, transform, loader) from the config's data section
-// (its options: data/config_options.h).
+// Builds the data pipeline (datasets, tokenizer, norm stats, transforms, validation split, loader) from the config's
+// data section (its options: data/config_options.h). One dataset (data.dataset) or a weighted mixture
+// (data.datasets): each entry its own dataset, norm stats and transform; the loader draws from them all.
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "pi0/config/config.h"
 #include "pi0/data/loader.h"
@@ -10,9 +12,16 @@
 namespace pi0::train {
 
 struct DataPipeline {
-  std::shared_ptr<const data::RobotDataset> dataset;
-  std::shared_ptr<const data::SampleTransform> transform;
+  /// One per entry of config::dataset_entries(), in order, each with its training frames (empty: every frame).
+  std::vector<data::DataSource> sources;
+  /// Per source: dataset indices of its held-out frames (empty without a validation split).
+  std::vector<std::vector<int64_t>> held_out;
+  /// The samples every validation pass evaluates (train.val_samples of the held-out frames); empty without a split.
+  std::vector<data::SampleRef> validation;
   std::unique_ptr<data::DataLoader> loader;
+
+  /// Frames in the datasets, held-out ones included.
+  int64_t total_frames() const;
 };
 
 /// The whole pipeline for `rank` of `world_size`; `local_batch` samples per next(), starting at `start`.

@@ -93,9 +93,20 @@ void MetricsProcessor::log(int64_t step, double loss, double grad_norm, double l
   char speed[48];
   if (samples_per_s < 0.1) std::snprintf(speed, sizeof speed, "%.1f s/step", step_time);
   else std::snprintf(speed, sizeof speed, "%.1f samples/s", samples_per_s);
-  spdlog::info("step {}/{} | loss {:.4f} | grad_norm {:.3f} | lr {:.2e} | {} | ETA {}", step, num_steps_,
-               line.at("loss"), grad_norm, lr, speed,
+  char val[40] = "";
+  if (last_val_loss_) std::snprintf(val, sizeof val, " | val_loss %.4f", *last_val_loss_);
+  spdlog::info("step {}/{} | loss {:.4f}{} | grad_norm {:.3f} | lr {:.2e} | {} | ETA {}", step, num_steps_,
+               line.at("loss"), val, grad_norm, lr, speed,
                format_duration(step_time * static_cast<double>(num_steps_ - step)));
+}
+
+void MetricsProcessor::log_validation(int64_t step, double val_loss, double val_action_mse, int64_t samples,
+                                      double seconds) {
+  last_val_loss_ = val_loss;
+  if (rank_ != 0) return;
+  writer_->write(step, {{"val_loss", val_loss}, {"val_action_mse", val_action_mse}});
+  spdlog::info("step {}/{} | val_loss {:.4f} | val_action_mse {:.4f} | {} held-out samples in {:.1f} s", step,
+               num_steps_, val_loss, val_action_mse, samples, seconds);
 }
 
 }  // namespace pi0::train

@@ -33,6 +33,10 @@ class MetricsProcessor {
   /// each the mean over its own interval. Collective when data-parallel: every rank calls it for the same steps.
   void log(int64_t step, double loss, double grad_norm, double lr);
 
+  /// A validation pass at `step` (values already reduced over ranks): rank 0 writes {"step", "val_loss",
+  /// "val_action_mse"} to metrics.jsonl and a line to the log; later progress lines show the latest val_loss.
+  void log_validation(int64_t step, double val_loss, double val_action_mse, int64_t samples, double seconds);
+
   /// "1h02m" / "3m05s"; "?" for a negative or non-finite time.
   static std::string format_duration(double seconds);
 
@@ -57,6 +61,7 @@ class MetricsProcessor {
   Interval log_;     ///< progress lines, every train.log_interval steps
   Interval record_;  ///< metrics.jsonl records, every train.metrics_interval steps
   std::optional<MetricsWriter> writer_;  ///< rank 0: run_dir/metrics.jsonl
+  std::optional<double> last_val_loss_;  ///< the latest validation pass's, shown in progress lines
 };
 
 }  // namespace pi0::train

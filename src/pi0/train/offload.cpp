@@ -431,6 +431,11 @@ void OptimizerOffload::wait_for_layer(model::LayerStack stack, int64_t layer) {
   if (it != s.group_of_layer.end()) s.wait_landed(it->second);
 }
 
+void OptimizerOffload::wait_for_weights() {
+  auto& s = *impl_;
+  for (size_t g = 0; g < s.groups.size(); ++g) s.wait_landed(g);
+}
+
 std::vector<std::vector<size_t>> OptimizerOffload::update_groups() const {
   std::vector<std::vector<size_t>> out;
   for (const auto& g : impl_->groups)

@@ -88,6 +88,9 @@ class OptimizerOffload {
   /// The model's layer gate (model/layer_gate.h): returns once the layer's parameters of a pending update have
   /// landed (on CUDA: the compute stream waits for their copies).
   void wait_for_layer(model::LayerStack stack, int64_t layer);
+  /// Before a forward outside a training step (validation): returns once every group's weights of a pending update
+  /// have landed (on CUDA: the compute stream waits for their copies).
+  void wait_for_weights();
   /// Index lists of masters() in update order (the groups above; empty groups left out), for tests.
   std::vector<std::vector<size_t>> update_groups() const;
 

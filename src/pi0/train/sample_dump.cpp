@@ -65,8 +65,6 @@ int64_t dump_samples(const config::Config& cfg, int64_t n, const std::string& di
   // The micro-batch a single process trains on: the loader then yields samples in training's order.
   const int64_t micro_batch = cfg.train.batch_size / cfg.train.grad_accum_steps;
   auto pipe = make_data_pipeline(cfg, micro_batch, 0, 1);
-  const auto& dataset = *pipe.dataset;
-  const auto& opts = dataset.options();
   const data::Tokenizer tokenizer(cfg.data.tokenizer);
 
   const fs::path final_dir(dir);
@@ -76,11 +74,15 @@ int64_t dump_samples(const config::Config& cfg, int64_t n, const std::string& di
   try {
     int64_t written = 0;
     while (written < n) {
-      const auto indices = pipe.loader->batch_indices(pipe.loader->position());
+      const auto refs = pipe.loader->batch_samples(pipe.loader->position());
       const auto batch = pipe.loader->next();
       const auto& obs = batch.observation;
       for (int64_t b = 0; b < obs.batch_size() && written < n; ++b, ++written) {
-        const int64_t index = indices.at(static_cast<size_t>(b));
+        const auto& ref = refs.at(static_cast<size_t>(b));
+        const int64_t index = ref.index;
+        const auto& source = pipe.sources.at(static_cast<size_t>(ref.source));
+        const auto& dataset = *source.dataset;
+        const auto& opts = dataset.options();
         const auto raw = dataset.get(index);
         const auto& ep = dataset.episode(raw.episode);
         char name[32];
@@ -113,6 +115,8 @@ int64_t dump_samples(const config::Config& cfg, int64_t n, const std::string& di
         for (int64_t i = 0; i < tokens.numel(); ++i)
           if (mask[i].item<bool>()) ids.push_back(static_cast<int>(all_ids[static_cast<size_t>(i)]));
         nlohmann::json j = {
+            {"dataset", source.name},
+            {"dataset_index", ref.source},
             {"index", index},
             {"episode", raw.episode},
             {"frame", raw.frame},
@@ -141,10 +145,14 @@ int64_t dump_samples(const config::Config& cfg, int64_t n, const std::string& di
     fs::remove_all(tmp, ec);
     throw;
   }
-  spdlog::info("wrote {} samples of {} ({} format, {} samples in the dataset) to {}: frames as read (*_raw.png) and as "
-               "the model sees them (*.png), state, actions and prompt tokens in sample.json",
-               n, cfg.data.dataset.paths.empty() ? std::string("?") : cfg.data.dataset.paths.front(), opts.format,
-               dataset.size(), dir);
+  std::string what;
+  for (const auto& s : pipe.sources) {
+    const auto& o = s.dataset->options();
+    what += (what.empty() ? "" : ", ") + std::string("'") + s.name + "' (" + (o.paths.empty() ? "?" : o.paths.front()) +
+            ", " + o.format + ", " + std::to_string(s.dataset->size()) + " samples)";
+  }
+  spdlog::info("wrote {} samples of {} to {}: frames as read (*_raw.png) and as the model sees them (*.png), state, "
+               "actions and prompt tokens in sample.json (\"dataset\" names each one's)", n, what, dir);
   return n;
 }
 

@@ -66,7 +66,12 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
   // LeRobot data resolves adapt_to_pi "auto" from its features (on for ALOHA-like ones). The run dir, its
   // checkpoints and the bundles exported from them record the value the data was trained with, so that inference
   // converts state and actions exactly as training did (and serves ALOHA's metadata).
-  cfg_.data.dataset.adapt_to_pi = data_.dataset->options().adapt_to_pi;
+  if (cfg_.data.datasets.empty()) {
+    cfg_.data.dataset.adapt_to_pi = data_.sources[0].dataset->options().adapt_to_pi;
+  } else {
+    for (size_t i = 0; i < cfg_.data.datasets.size(); ++i)
+      cfg_.data.datasets[i].adapt_to_pi = data_.sources[i].dataset->options().adapt_to_pi;
+  }
   checkpointer_.set_config(cfg_);
   // --resume: the newest checkpoint that verifies and that this run (world size, batch size, epoch length) can
   // continue, chosen by the Checkpointer before the model is built.
@@ -282,9 +287,18 @@ int64_t Trainer::run() {
       if (pg_ && step_ == first_step + 1) log_held_state();
       metrics_->log(step_, result.loss, result.grad_norm, lr);
     }
-    if (step_ % ck.save_interval == 0 || (step_ == t.num_steps && options_.final_checkpoint) || result.stop) {
-      save_checkpoint();
+    const bool save = step_ % ck.save_interval == 0 || (step_ == t.num_steps && options_.final_checkpoint) || result.stop;
+    // Validation every val_interval steps and at the end; before each save when keep_best ranks checkpoints by it.
+    // Not at a stop signal: the run should end promptly.
+    if (!data_.validation.empty() && !result.stop &&
+        (step_ % config::val_interval(cfg_) == 0 || step_ == t.num_steps || (save && ck.keep_best > 0))) {
+      const auto t0 = Clock::now();
+      const auto v = validate();
+      last_val_.emplace(step_, v->loss);
+      metrics_->log_validation(step_, v->loss, v->action_mse, v->samples,
+                               std::chrono::duration<double>(Clock::now() - t0).count());
     }
+    if (save) save_checkpoint();
     if (result.stop) {
       const std::string why = stop_signal() ? "stop signal " + std::to_string(stop_signal()) + " received"
                                             : std::string("another rank received a stop signal");
@@ -309,6 +323,7 @@ CheckpointedState Trainer::state() {
   s.step = &step_;
   s.nonfinite_skips = &nonfinite_skips_;
   s.offload = offload_.get();
+  if (last_val_ && last_val_->first == step_) s.val_loss = last_val_->second;
   return s;
 }
 
@@ -330,9 +345,19 @@ void Trainer::open_run_dir() {
   metrics_->start(step_, options_.rank == 0 ? (fs::path(cfg_.checkpoint.run_dir) / "metrics.jsonl").string() : "");
   if (options_.rank == 0 && step_ < t.num_steps) {
     spdlog::info("training steps {}–{}: global batch {} = {} per rank × {} ranks × {} accumulation steps, "
-                 "{} samples in the dataset, device {}",
+                 "{} samples in the dataset{}, device {}",
                  step_ + 1, t.num_steps, t.batch_size, local_batch(), options_.world_size, t.grad_accum_steps,
-                 data_.dataset->size(), device_.str());
+                 data_.loader->epoch_size(), data_.sources.size() > 1 ? "s" : "", device_.str());
+    for (const auto& s : data_.sources) {
+      if (data_.sources.size() == 1 && s.frames.empty()) break;
+      const int64_t held = s.dataset->size() - s.size();
+      spdlog::info("dataset '{}': weight {}, {} of {} frames for training{}", s.name, s.weight, s.size(),
+                   s.dataset->size(), held > 0 ? ", " + std::to_string(held) + " held out for validation" : "");
+    }
+    if (!data_.validation.empty()) {
+      spdlog::info("validation: {} held-out samples every {} steps (train.val_interval) and at the end",
+                   data_.validation.size(), config::val_interval(cfg_));
+    }
   }
 }
 
@@ -382,22 +407,29 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
       noise = torch::randn(noise_shape, rng_, f32).narrow(0, options_.rank * b, b).to(device_);
       time = model::sample_flow_time(b * options_.world_size, f32, rng_, options_.rank * b, b).to(device_);
     }
-    torch::Tensor loss;
+    // The positions that count in the loss: all (openpi), or those train.loss_mask and real-time chunking keep,
+    // a pooled mean over them.
+    torch::Tensor kept, elementwise;
     if (t.rtc_max_delay > 0) {
-      // Training-time real-time chunking: each example's first d actions enter clean (t = 0) and leave the loss,
-      // a pooled mean over the remaining positions. Drawn like the times (global micro-batch, own slice).
+      // Training-time real-time chunking: each example's first d actions enter clean (t = 0) and leave the loss.
+      // Drawn like the times (global micro-batch, own slice).
       const int64_t h = actions.size(1);
       const auto delays = model::sample_rtc_delays(b * options_.world_size, t.rtc_max_delay, t.rtc_delay_distribution,
                                                    t.rtc_delay_exp_rate, torch::TensorOptions(), rng_,
                                                    options_.rank * b, b)
                               .to(device_);
       const auto per_token = model::rtc_token_time(time, delays, h);
-      const auto kept = model::rtc_loss_mask(delays, h, f32.device(device_)).unsqueeze(-1);
-      const auto elementwise = model_->compute_loss(obs, actions, noise, per_token);
-      loss = (elementwise * kept).sum() / (kept.sum() * static_cast<double>(elementwise.size(2)));
+      kept = model::rtc_loss_mask(delays, h, f32.device(device_)).unsqueeze(-1);
+      elementwise = model_->compute_loss(obs, actions, noise, per_token);
     } else {
-      loss = model_->compute_loss(obs, actions, noise, time).mean();
+      elementwise = model_->compute_loss(obs, actions, noise, time);
     }
+    if (const auto lm = config::loss_mask(t); lm.any()) {
+      const auto m = model::action_loss_mask(batch.action_rows, batch.action_dims, actions.size(1), actions.size(2),
+                                             lm.episode_end, lm.action_padding, f32.device(device_));
+      kept = kept.defined() ? kept * m : m;
+    }
+    const torch::Tensor loss = kept.defined() ? model::masked_mean(elementwise, kept) : elementwise.mean();
     (loss / static_cast<double>(n_micro)).backward();
     const auto loss_f64 = loss.detach().to(torch::kFloat64);
     loss_sum = micro == 0 ? loss_f64 : loss_sum + loss_f64;
@@ -467,6 +499,64 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   grad_sync_->after_update();
   if (ema_) ema_->update();
   return result;
+}
+
+std::optional<ValidationResult> Trainer::validate() {
+  const auto& samples = data_.validation;
+  if (samples.empty()) return std::nullopt;
+  if (offload_) {
+    offload_->finish_update();
+    offload_->wait_for_weights();
+  }
+  torch::NoGradGuard no_grad;
+  // Sampling from weights that change every step: the simplified inference copy would be remade (and its memory
+  // held) at every pass.
+  const bool fused = model_->fused_inference();
+  model_->set_fused_inference(false);
+  const auto lm = config::loss_mask(cfg_.train);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  const int64_t h = cfg_.model.action_horizon, d = cfg_.model.action_dim;
+  // Sums: loss numerator and count, action error numerator and count (float64, all-reduced once).
+  auto sums = torch::zeros({4}, torch::kFloat64);
+  std::vector<int64_t> mine;  // this rank's share: every world_size-th sample
+  for (int64_t i = options_.rank; i < static_cast<int64_t>(samples.size()); i += options_.world_size) mine.push_back(i);
+  const int64_t chunk = local_batch();
+  for (size_t first = 0; first < mine.size(); first += static_cast<size_t>(chunk)) {
+    const size_t last = std::min(mine.size(), first + static_cast<size_t>(chunk));
+    std::vector<data::SampleRef> refs;
+    std::vector<torch::Tensor> noise, time;
+    for (size_t j = first; j < last; ++j) {
+      refs.push_back(samples[static_cast<size_t>(mine[j])]);
+      // Fixed per sample: its own generator from the seed and its place in the validation set.
+      auto gen = at::detail::createCPUGenerator(data::sample_seed(static_cast<uint64_t>(cfg_.train.seed), -6, mine[j]));
+      noise.push_back(torch::randn({h, d}, gen, f32));
+      time.push_back(model::sample_flow_time(1, f32, gen));
+    }
+    const auto batch = data::make_batch(data_.sources, refs);
+    const auto obs = batch.observation.to(device_);
+    const auto actions = batch.actions.to(device_);
+    const auto noise_b = torch::stack(noise).to(device_);
+    const auto elementwise = model_->compute_loss(obs, actions, noise_b, torch::cat(time).to(device_));
+    const auto loss_mask = model::action_loss_mask(batch.action_rows, batch.action_dims, h, d, lm.episode_end,
+                                                   lm.action_padding, f32.device(device_));
+    const auto sampled = model_->sample_actions(obs, noise_b);
+    // The robot's own dims always (the padding is zero by construction and would dilute the error); the recorded
+    // rows only with episode_end, as the loss.
+    const auto action_mask = model::action_loss_mask(batch.action_rows, batch.action_dims, h, d, lm.episode_end,
+                                                     /*action_padding=*/true, f32.device(device_));
+    const auto sq = (sampled.to(torch::kFloat32) - actions).pow(2);
+    sums += torch::stack({(elementwise * loss_mask).sum(), loss_mask.sum(), (sq * action_mask).sum(),
+                          action_mask.sum()})
+                .to(torch::kCPU, torch::kFloat64);
+  }
+  model_->set_fused_inference(fused);
+  nn::clear_cast_cache(*model_);  // the pass's weight copies: not held into the next step
+  if (pg_) pg_->all_reduce_sum(sums, "validation sums");
+  ValidationResult r;
+  r.loss = sums[0].item<double>() / std::max(sums[1].item<double>(), 1.0);
+  r.action_mse = sums[2].item<double>() / std::max(sums[3].item<double>(), 1.0);
+  r.samples = static_cast<int64_t>(samples.size());
+  return r;
 }
 
 Trainer::RankStateBytes Trainer::rank_state_bytes() const {

@@ -53,6 +53,13 @@ struct StepNoise {
   std::vector<torch::Tensor> time;   ///< [B] per micro-batch, in (0, 1]
 };
 
+/// One validation pass (Trainer::validate), over every rank's share.
+struct ValidationResult {
+  double loss = 0.0;        ///< flow-matching loss with each sample's fixed noise and time (train.loss_mask applies)
+  double action_mse = 0.0;  ///< squared error of sampled actions against the recorded ones (normalized units)
+  int64_t samples = 0;      ///< held-out samples evaluated
+};
+
 /// What one optimizer step did.
 struct StepResult {
   double loss = 0.0;       ///< mean flow-matching loss over the micro-batches (this rank), before the update
@@ -90,6 +97,13 @@ class Trainer {
   const OptimizerOffload* offload() const { return offload_.get(); }
   int64_t step() const { return step_; }
   const config::Config& config() const { return cfg_; }
+  /// A validation pass over the pipeline's held-out samples with the current weights (nullopt without a validation
+  /// split): the flow-matching loss with noise and time fixed per sample (drawn from the seed and the sample's place
+  /// in the set, so the same every pass, across a resume and at any world size), and the squared error of actions
+  /// sampled in 10 Euler steps from that noise against the recorded ones, over the robot's own action dims (and
+  /// with train.loss_mask episode_end the recorded rows). Collective when data-parallel: each rank evaluates every
+  /// world_size-th sample, the sums are all-reduced.
+  std::optional<ValidationResult> validate();
   /// Writes a checkpoint of the current state (run() calls it at save_interval and at the end).
   std::string save_checkpoint();
   /// Gradient reduction statistics (nullptr in single-process runs).
@@ -142,6 +156,8 @@ class Trainer {
   Checkpointer checkpointer_;
   std::optional<std::string> resume_dir_;  ///< checkpoint restored by run()
   std::optional<MetricsProcessor> metrics_;  ///< intervals, metrics.jsonl and the progress line (from run())
+  /// The latest validation pass's loss and its step: a checkpoint of that step records it (checkpoint.keep_best).
+  std::optional<std::pair<int64_t, double>> last_val_;
 };
 
 }  // namespace pi0::train

@@ -54,6 +54,7 @@ nlohmann::json to_json(const TrainerStateFile& state) {
     j["global_batch_size"] = state.global_batch_size;
     j["grad_accum_steps"] = state.grad_accum_steps;
   }
+  if (state.val_loss) j["val_loss"] = *state.val_loss;
   return j;
 }
 
@@ -92,6 +93,11 @@ TrainerStateFile read_trainer_state(const std::string& checkpoint_dir) {
       throw UserError(file + ": field 'global_batch_size' (" + std::to_string(s.global_batch_size) + ") must be a " +
                       "multiple of 'grad_accum_steps' (" + std::to_string(s.grad_accum_steps) + ")");
     }
+  }
+  if (j.contains("val_loss")) {
+    const auto& v = j.at("val_loss");
+    if (!v.is_number()) throw UserError(file + ": field 'val_loss' must be a number (got " + v.dump() + ")");
+    s.val_loss = v.get<double>();
   }
   return s;
 }

@@ -4,6 +4,7 @@
 // CheckpointedState, the live trainer state by reference that this file is one part of.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,8 @@ struct TrainerStateFile {
   /// they were recorded: their positions are taken as they are, as those checkpoints always resumed.
   int64_t global_batch_size = 0;
   int64_t grad_accum_steps = 0;
+  /// The validation loss at this step, when a validation pass ran at it (checkpoint.keep_best ranks by it).
+  std::optional<double> val_loss;
 };
 
 /// The JSON written to a checkpoint (also "loader": rank 0's position, as single-process checkpoints have it).

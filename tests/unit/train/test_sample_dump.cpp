@@ -60,18 +60,21 @@ torch::Tensor as_tensor(const nlohmann::json& j) {
 void check_dump(const config::Config& cfg, const std::string& dir, int n) {
   const int64_t micro = cfg.train.batch_size / cfg.train.grad_accum_steps;
   auto pipe = train::make_data_pipeline(cfg, micro, 0, 1);
-  std::vector<int64_t> order;
+  std::vector<data::SampleRef> order;
   model::Batch batch;
   for (int k = 0; k < n; ++k) {
     const int i = static_cast<int>(k % micro);
     if (i == 0) {
-      order = pipe.loader->batch_indices(pipe.loader->position());
+      order = pipe.loader->batch_samples(pipe.loader->position());
       batch = pipe.loader->next();
     }
     INFO("sample " << k);
     const auto j = sample_json(dir, k);
-    CHECK(j.at("index").get<int64_t>() == order[static_cast<size_t>(i)]);
-    const auto raw = pipe.dataset->get(order[static_cast<size_t>(i)]);
+    const auto& ref = order[static_cast<size_t>(i)];
+    CHECK(j.at("index").get<int64_t>() == ref.index);
+    CHECK(j.at("dataset_index").get<int64_t>() == ref.source);
+    CHECK(j.at("dataset").get<std::string>() == pipe.sources.at(static_cast<size_t>(ref.source)).name);
+    const auto raw = pipe.sources.at(static_cast<size_t>(ref.source)).dataset->get(ref.index);
     CHECK(j.at("episode").get<int64_t>() == raw.episode);
     CHECK(j.at("frame").get<int64_t>() == raw.frame);
     CHECK(j.at("prompt").get<std::string>() == raw.prompt);
