@@ -94,8 +94,7 @@ int norm_stats_main(int argc, char** argv) {
       const std::string key = pi0::config::dataset_key(cfg, i);
       const std::string path = out.empty() ? one.data.norm_stats : out;
       if (path.empty()) {
-        throw pi0::UserError(config_path + ": " + (entries.size() > 1 ? key + ".norm_stats" : std::string("data.norm_stats")) +
-                             " is not set and no --out was given");
+        throw pi0::UserError(config_path + ": " + pi0::data::norm_stats_key(cfg, i) + " is not set and no --out was given");
       }
       if (written.count(path)) {
         throw pi0::UserError(config_path + ": " + key + " and " + written[path] + " both write their norm stats to '" +

@@ -51,7 +51,7 @@ TEST_CASE("every app answers --help and --version with exit 0 and refuses unknow
                      "--dump-batches"}},
       {"pi0-export", {"--checkpoint", "--out", "--weights", "--dtype", "--base-weights"}},
       {"pi0-infer", {"--bundle", "--obs", "--out", "--prompt", "--noise", "--num-steps", "--device", "--loss",
-                     "--cuda-graph", "--dtype"}},
+                     "--cuda-graph", "--dtype", "--asset"}},
       {"pi0-norm-stats", {"--config", "--set", "--format", "--data", "--out", "--action-horizon", "--state-keys",
                           "--action-key", "--delta-mask", "--bins", "--adapt-to-pi"}},
       {"pi0-plot", {"--metrics", "--out", "--width", "--height", "--keys", "--log-y"}},
@@ -61,7 +61,7 @@ TEST_CASE("every app answers --help and --version with exit 0 and refuses unknow
   if (fs::exists(testing::app_dir() + "/pi0-serve")) {
     apps.push_back({"pi0-serve", {"--bundle", "--host", "--port", "--device", "--robot", "--num-steps", "--dtype",
                                   "--api-key", "--max-clients", "--max-batch", "--io-threads", "--default-prompt",
-                                  "--noise", "--max-frame-mb", "--metadata"}});
+                                  "--noise", "--max-frame-mb", "--metadata", "--asset"}});
   } else {
     testing::skip("pi0-serve is not built (no Boost/msgpack): its --help is not checked");
   }
@@ -85,6 +85,45 @@ TEST_CASE("every app answers --help and --version with exit 0 and refuses unknow
   check_user_error(run_app_process("pi0-norm-stats", "--data x.hdf5 --out n.json --delta-mask 6,x", dir),
                    "pi0-norm-stats", "--delta-mask: got '6,x', expected non-zero integers");
   check_user_error(run_app_process("pi0-train", "--json --config x.yaml", dir), "pi0-train", "--print-params");
+}
+
+TEST_CASE("a mixture's norm stats and paths mistakes are one-line errors naming the entry, exit 2",
+          "[integration][app]") {
+  TinyRun run;
+  const std::string tok = std::string(PI0_SOURCE_DIR) + "/data/tokenizer/tiny_spm.model";
+  // configs/debug.yaml with data.datasets `entries` instead of data.dataset, `data_extra` added to data.
+  auto mixture = [&](const std::string& name, const std::string& entries, const std::string& data_extra = "") {
+    auto cfg = YAML::LoadFile(std::string(PI0_SOURCE_DIR) + "/configs/debug.yaml");
+    cfg["data"] = YAML::Load("{datasets: " + entries + ", tokenizer: " + tok + (data_extra.empty() ? "" : ", ") +
+                             data_extra + "}");
+    cfg["checkpoint"]["run_dir"] = run.dir.str("run_" + name);
+    const auto path = run.dir.str(name + ".yaml");
+    std::ofstream(path) << YAML::Dump(cfg);
+    return path;
+  };
+  const std::string paths = "paths: [" + run.data_glob + "]";
+  const auto shared = mixture("shared", "[{" + paths + "}, {" + paths + ", asset_id: b}]",
+                              "norm_stats: " + run.dir.str("one.json"));
+  check_user_error(run_app_process("pi0-norm-stats", "--config " + shared, run.dir), "pi0-norm-stats",
+                   shared + ": data.datasets[1] and data.datasets[0] both write their norm stats to '" +
+                       run.dir.str("one.json") + "'; give each dataset its own norm_stats");
+  check_user_error(run_app_process("pi0-norm-stats", "--config " + shared + " --out " + run.dir.str("x.json"), run.dir),
+                   "pi0-norm-stats", "--out: " + shared + " lists 2 datasets, each written to its own "
+                   "data.datasets[i].norm_stats; drop --out");
+  // No stats for entry 0 and no data.norm_stats to fall back to: the entry's own key is the one to set.
+  const auto unset = mixture("unset", "[{" + paths + "}, {" + paths + ", asset_id: b, norm_stats: " +
+                                          run.norm_stats + "}]");
+  check_user_error(run_app_process("pi0-norm-stats", "--config " + unset, run.dir), "pi0-norm-stats",
+                   unset + ": data.datasets[0].norm_stats is not set and no --out was given");
+  check_user_error(run_app_process("pi0-train", "--config " + unset, run.dir), "pi0-train",
+                   "data.datasets[0].norm_stats is not set");
+  const auto missing = mixture("missing", "[{" + paths + ", norm_stats: " + run.norm_stats + "}, {" + paths +
+                                              ", asset_id: b, norm_stats: " + run.dir.str("nope.json") + "}]");
+  check_user_error(run_app_process("pi0-train", "--config " + missing, run.dir), "pi0-train",
+                   "data.datasets[1].norm_stats: file '" + run.dir.str("nope.json") + "' does not exist");
+  const auto no_paths = mixture("no_paths", "[{" + paths + "}, {asset_id: b}]", "norm_stats: " + run.norm_stats);
+  check_user_error(run_app_process("pi0-train", "--config " + no_paths, run.dir), "pi0-train",
+                   "data.datasets[1].paths is empty");
 }
 
 TEST_CASE("pi0-train: config mistakes are one-line errors with exit 2, before any model is built",

@@ -28,6 +28,13 @@ TransformOptions transform_options(const config::Config& cfg) {
   return t;
 }
 
+std::string norm_stats_key(const config::Config& cfg, size_t i) {
+  const auto& entries = cfg.data.datasets;
+  if (entries.empty()) return "data.norm_stats";
+  const bool own = !entries.at(i).norm_stats.empty();
+  return own || cfg.data.norm_stats.empty() ? config::dataset_key(cfg, i) + ".norm_stats" : "data.norm_stats";
+}
+
 NormStats load_config_norm_stats(const config::Config& cfg, const std::string& key) {
   if (cfg.data.norm_stats.empty()) {
     throw UserError(key + " is not set: compute it with pi0-norm-stats --config <run.yaml> and set the path");

@@ -13,6 +13,10 @@ namespace pi0::data {
 DatasetOptions dataset_options(const config::Config& cfg, const std::string& key = "data.dataset");
 /// Transform options of the config (model type, dims and the data section's choices).
 TransformOptions transform_options(const config::Config& cfg);
+/// The key that names dataset i's norm stats (config::dataset_entries) in messages: its own
+/// data.datasets[i].norm_stats when the entry sets one, or when a mixture has no data.norm_stats to fall back to;
+/// data.norm_stats otherwise.
+std::string norm_stats_key(const config::Config& cfg, size_t i);
 /// Norm stats named by data.norm_stats (UserError naming `key` when unset or unreadable).
 NormStats load_config_norm_stats(const config::Config& cfg, const std::string& key = "data.norm_stats");
 

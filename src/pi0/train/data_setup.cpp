@@ -11,12 +11,6 @@
 
 namespace pi0::train {
 
-int64_t DataPipeline::total_frames() const {
-  int64_t n = 0;
-  for (const auto& s : sources) n += s.dataset->size();
-  return n;
-}
-
 DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, int64_t rank, int64_t world_size,
                                 data::LoaderPosition start) {
   if (cfg.data.tokenizer.empty()) throw UserError("data.tokenizer is not set: name a sentencepiece model file");
@@ -35,15 +29,12 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
     // Each entry through the single-dataset path: its own options, norm stats and transform.
     const config::Config one = config::for_dataset(cfg, i);
     const std::string key = config::dataset_key(cfg, i);
-    // An entry's own norm_stats, or data.norm_stats it falls back to.
-    const std::string stats_key =
-        cfg.data.datasets.empty() || cfg.data.datasets[i].norm_stats.empty() ? "data.norm_stats" : key + ".norm_stats";
     data::DataSource s;
     s.name = entries[i].asset_id;
     s.weight = entries[i].weight;
     s.dataset = std::make_shared<const data::RobotDataset>(data::dataset_options(one, key));
     s.transform = std::make_shared<const data::SampleTransform>(data::transform_options(one),
-                                                                data::load_config_norm_stats(one, stats_key), tokenizer);
+                                                                data::load_config_norm_stats(one, data::norm_stats_key(cfg, i)), tokenizer);
     s.transform->check_dims(s.dataset->state_dim(), s.dataset->action_dim());
     const auto held = data::held_out_episodes(s.dataset->num_episodes(), cfg.data.validation_split,
                                               entries[i].validation_episodes, static_cast<uint64_t>(cfg.train.seed),

@@ -19,9 +19,6 @@ struct DataPipeline {
   /// The samples every validation pass evaluates (train.val_samples of the held-out frames); empty without a split.
   std::vector<data::SampleRef> validation;
   std::unique_ptr<data::DataLoader> loader;
-
-  /// Frames in the datasets, held-out ones included.
-  int64_t total_frames() const;
 };
 
 /// The whole pipeline for `rank` of `world_size`; `local_batch` samples per next(), starting at `start`.
