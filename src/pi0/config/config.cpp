@@ -435,6 +435,20 @@ void require_plain_path(const std::string& key, const std::string& value) {
                   quote_value(value) + ")");
 }
 
+// The longest file name Linux file systems take (NAME_MAX of ext4, xfs, btrfs; in bytes, not characters).
+constexpr size_t kMaxFileNameBytes = 255;
+
+// An asset id names the folder assets/<asset_id>/ inside every checkpoint and bundle: '..', a '/' or an absolute
+// path would put norm_stats.json outside them (overwriting what is there), and a name longer than a file name may be
+// would fail only at the first checkpoint save, after save_interval steps of training.
+void require_folder_name(const std::string& key, const std::string& id) {
+  require(!id.empty() && id != "." && id != ".." && id.find('/') == std::string::npos && !has_control_char(id), key,
+          quote_value(id), "a plain folder name (no '/', not '.' or '..', no control characters), e.g. 'libero'");
+  if (id.size() <= kMaxFileNameBytes) return;
+  throw UserError(key + " must be a folder name of at most " + std::to_string(kMaxFileNameBytes) + " bytes (got " +
+                  std::to_string(id.size()) + " bytes: " + quote_value(id.substr(0, 24)) + "...)");
+}
+
 }  // namespace
 
 std::string GemmaSpec::describe() const { return scalar_text(Writer::encode(*this)); }
@@ -553,13 +567,22 @@ void validate(const Config& c) {
     require(d.weight > 0, key + ".weight", d.weight, "> 0");
     require_plain_path(key + ".norm_stats", d.norm_stats);
     const auto& id = d.asset_id;
-    require(!id.empty() && id != "." && id != ".." && id.find('/') == std::string::npos && !has_control_char(id),
-            key + ".asset_id", quote_value(id),
-            "a plain folder name (no '/', not '.' or '..', no control characters), e.g. 'libero'");
+    require_folder_name(key + ".asset_id", id);
     require(asset_ids.insert(id).second, key + ".asset_id", quote_value(id),
             "unique among data.datasets (each entry's stats live in assets/<asset_id>/)");
     for (const int64_t e : d.validation_episodes)
       require(e >= 0, key + ".validation_episodes", e, "episode indices >= 0");
+  }
+  if (!c.data.datasets.empty()) {
+    // Each weight is finite, but their sum may not be (two of 1e308): every draw would then pick the last entry.
+    double sum = 0;
+    std::string terms;
+    for (const auto& d : c.data.datasets) {
+      sum += d.weight;
+      terms += (terms.empty() ? "" : " + ") + shortest_double(d.weight);
+    }
+    require(std::isfinite(sum), "data.datasets[].weight", terms + " = " + shortest_double(sum),
+            "weights with a finite sum (only their ratios count: scale them down)");
   }
   require(c.data.validation_split >= 0 && c.data.validation_split < 1, "data.validation_split",
           c.data.validation_split, "in [0, 1) (0 = no validation split)");
@@ -613,12 +636,7 @@ void validate(const Config& c) {
   require_plain_path("checkpoint.init_weights", k.init_weights);
   require_plain_path("data.norm_stats", c.data.norm_stats);
   require_plain_path("data.tokenizer", c.data.tokenizer);
-  // asset_id names the folder assets/<asset_id>/ inside every checkpoint and bundle: '..', a '/' or an absolute
-  // path would put norm_stats.json outside them (overwriting what is there).
-  const auto& id = k.asset_id;
-  require(!id.empty() && id != "." && id != ".." && id.find('/') == std::string::npos && !has_control_char(id),
-          "checkpoint.asset_id", quote_value(id),
-          "a plain folder name (no '/', not '.' or '..', no control characters), e.g. 'libero'");
+  require_folder_name("checkpoint.asset_id", k.asset_id);
   require(k.save_interval > 0, "checkpoint.save_interval", k.save_interval, "> 0");
   require(k.keep_last >= 1, "checkpoint.keep_last", k.keep_last, ">= 1");
   require(k.keep_period >= 0, "checkpoint.keep_period", k.keep_period, ">= 0 (0 = none)");

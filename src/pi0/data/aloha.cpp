@@ -37,7 +37,7 @@ double gripper_from_angular_inv(double value) {
 torch::Tensor convert(const torch::Tensor& x, const std::string& what, double (*gripper)(double)) {
   if (x.dim() < 1 || x.size(-1) < kAlohaDims) {
     throw UserError(what + " has " + std::to_string(x.dim() < 1 ? 0 : x.size(-1)) +
-                    " dims, expected >= 14 for data.dataset.adapt_to_pi (ALOHA: 2 × (6 joints + gripper)); set "
+                    " dims, expected >= 14 for adapt_to_pi (ALOHA: 2 × (6 joints + gripper)); set "
                     "adapt_to_pi: false for other robots");
   }
   auto y = x.to(torch::kFloat64).contiguous().clone();

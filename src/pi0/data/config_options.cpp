@@ -14,6 +14,7 @@ DatasetOptions dataset_options(const config::Config& cfg, const std::string& key
   DatasetOptions o;
   static_cast<config::DatasetConfig&>(o) = d;  // the section is DatasetOptions' own first part
   o.action_horizon = cfg.model.action_horizon;
+  o.config_key = key;
   return o;
 }
 

@@ -45,24 +45,24 @@ DatasetOptions DatasetOptions::resolved() const {
     // Keys and adapt_to_pi "auto" depend on the dataset's features: LeRobotSource::apply_defaults at open.
     if (o.flip_images == "auto") o.flip_images = "false";  // openpi's LeRobot LIBERO frames are stored upright
   } else {
-    throw UserError("dataset.format: got '" + o.format + "', expected 'libero', 'aloha' or 'lerobot'");
+    throw UserError(o.config_key + ".format: got '" + o.format + "', expected 'libero', 'aloha' or 'lerobot'");
   }
   if (o.flip_images != "true" && o.flip_images != "false")
-    throw UserError("dataset.flip_images: got '" + o.flip_images + "', expected auto, true or false");
+    throw UserError(o.config_key + ".flip_images: got '" + o.flip_images + "', expected auto, true or false");
   if (o.adapt_to_pi != "true" && o.adapt_to_pi != "false" && !(o.format == "lerobot" && o.adapt_to_pi == "auto"))
-    throw UserError("dataset.adapt_to_pi: got '" + o.adapt_to_pi + "', expected auto, true or false");
+    throw UserError(o.config_key + ".adapt_to_pi: got '" + o.adapt_to_pi + "', expected auto, true or false");
   if (o.action_horizon < 1)
     throw UserError("dataset.action_horizon: got " + std::to_string(o.action_horizon) + ", expected >= 1");
   for (const auto& [slot, key] : o.cameras) {
     if (std::find(model::kCameraNames.begin(), model::kCameraNames.end(), slot) == model::kCameraNames.end())
-      throw UserError("dataset.cameras: unknown camera slot '" + slot +
+      throw UserError(o.config_key + ".cameras: unknown camera slot '" + slot +
                       "', expected base_0_rgb, left_wrist_0_rgb or right_wrist_0_rgb");
   }
-  if (o.paths.empty()) throw UserError("dataset.paths: empty, expected at least one file, directory or glob");
+  if (o.paths.empty()) throw UserError(o.config_key + ".paths: empty, expected at least one file, directory or glob");
   return o;
 }
 
-std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
+std::vector<std::string> expand_paths(const std::vector<std::string>& paths, const std::string& key) {
   std::set<std::string> out;
   for (const auto& p : paths) {
     if (p.find_first_of("*?[") != std::string::npos) {
@@ -71,16 +71,16 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths) {
       if (rc == 0)
         for (size_t i = 0; i < g.gl_pathc; ++i) out.insert(g.gl_pathv[i]);
       globfree(&g);
-      if (rc != 0) throw UserError("dataset.paths: glob '" + p + "' matches no file");
+      if (rc != 0) throw UserError(key + ": glob '" + p + "' matches no file");
     } else if (fs::is_directory(p)) {
       size_t before = out.size();
       for (const auto& e : fs::directory_iterator(p)) {
         auto ext = e.path().extension().string();
         if (e.is_regular_file() && (ext == ".hdf5" || ext == ".h5")) out.insert(e.path().string());
       }
-      if (out.size() == before) throw UserError("dataset.paths: directory '" + p + "' holds no .hdf5 or .h5 file");
+      if (out.size() == before) throw UserError(key + ": directory '" + p + "' holds no .hdf5 or .h5 file");
     } else {
-      if (!fs::exists(p)) throw UserError(p + ": file not found (dataset.paths)");
+      if (!fs::exists(p)) throw UserError(p + ": file not found (" + key + ")");
       out.insert(p);
     }
   }
@@ -189,13 +189,14 @@ RobotDataset::RobotDataset(DatasetOptions options) : options_(options.resolved()
       open_lerobot(i);
     }
   } else {
-    file_paths_ = expand_paths(options_.paths);
+    file_paths_ = expand_paths(options_.paths, options_.config_key + ".paths");
     for (int64_t i = 0; i < static_cast<int64_t>(file_paths_.size()); ++i) {
       if (options_.max_episodes > 0 && num_episodes() >= options_.max_episodes) break;
       open_file(i);
     }
   }
-  if (episodes_.empty()) throw UserError("dataset.paths: no episode found in " + std::to_string(file_paths_.size()) + " file(s)");
+  if (episodes_.empty())
+    throw UserError(options_.config_key + ".paths: no episode found in " + std::to_string(file_paths_.size()) + " file(s)");
   spdlog::info("dataset: {} file(s), {} episode(s), {} frames, state dim {}, action dim {}, horizon {}",
                file_paths_.size(), episodes_.size(), size_, state_dim_, action_dim_, options_.action_horizon);
 }
@@ -237,7 +238,7 @@ void RobotDataset::open_file(int64_t file_index) {
     }
   } else {
     if (options_.prompt.empty())
-      throw UserError(path + ": ALOHA files store no language instruction; set dataset.prompt");
+      throw UserError(path + ": ALOHA files store no language instruction; set " + options_.config_key + ".prompt");
     add_episode(file_index, "", options_.prompt);
   }
 }
@@ -261,7 +262,7 @@ void RobotDataset::add_episode(int64_t file_index, const std::string& group, con
   auto action_cands = low_dim_candidates(options_.action_key);
   std::reverse(action_cands.begin(), action_cands.end());  // actions live beside obs/, not inside it
   std::string action_path = first_existing(f, action_cands);
-  if (action_path.empty()) throw UserError(f.path() + ": key " + action_cands.front() + " not found (dataset.action_key)");
+  if (action_path.empty()) throw UserError(f.path() + ": key " + action_cands.front() + " not found (" + options_.config_key + ".action_key)");
   ep.actions = read_low_dim(f, action_path, "actions");
   ep.length = ep.actions.size(0);
 
@@ -270,7 +271,7 @@ void RobotDataset::add_episode(int64_t file_index, const std::string& group, con
   for (const auto& k : options_.state_keys) {
     auto cands = low_dim_candidates(k);
     std::string p = first_existing(f, cands);
-    if (p.empty()) throw UserError(f.path() + ": key " + cands.front() + " not found (dataset.state_keys)");
+    if (p.empty()) throw UserError(f.path() + ": key " + cands.front() + " not found (" + options_.config_key + ".state_keys)");
     torch::Tensor x = read_low_dim(f, p, "state");
     if (x.size(0) != ep.length)
       throw UserError(f.path() + ": key " + p + " has " + std::to_string(x.size(0)) + " steps, expected " +
@@ -280,8 +281,10 @@ void RobotDataset::add_episode(int64_t file_index, const std::string& group, con
   ep.state = torch::cat(parts, 1).contiguous();
   ep.actions = ep.actions.contiguous();
   if (options_.adapt_to_pi == "true") {
-    ep.state = aloha_state_to_pi(ep.state, f.path() + ": " + root + " state (data.dataset.adapt_to_pi)").contiguous();
-    ep.actions = aloha_actions_to_pi(ep.actions, f.path() + ": key " + action_path + " (data.dataset.adapt_to_pi)")
+    ep.state = aloha_state_to_pi(ep.state, f.path() + ": " + root + " state (" + options_.config_key + ".adapt_to_pi)")
+                   .contiguous();
+    ep.actions = aloha_actions_to_pi(ep.actions, f.path() + ": key " + action_path + " (" + options_.config_key +
+                                                     ".adapt_to_pi)")
                      .contiguous();
   }
 
@@ -331,10 +334,11 @@ void RobotDataset::add_episode(int64_t file_index, const std::string& group, con
     std::string configured;
     for (const auto& [slot, key] : options_.cameras) configured += (configured.empty() ? "" : ", ") + slot + ": " + key;
     const auto found = libero ? image_keys(f, {root + "obs", group}) : image_keys(f, {"observations/images", ""});
-    throw UserError(f.path() + ": none of the cameras in dataset.cameras {" + printable(configured) + "} exists in " +
+    throw UserError(f.path() + ": none of the cameras in " + options_.config_key + ".cameras {" + printable(configured) +
+                    "} exists in " +
                     (group.empty() ? std::string("the file") : group) + "; its image keys are " +
                     (found.empty() ? std::string("(none)") : name_list(found, 20)) +
-                    "; expected dataset.cameras to map slots to some of them");
+                    "; expected " + options_.config_key + ".cameras to map slots to some of them");
   }
 
   ep.first_index = size_;
@@ -347,10 +351,10 @@ void RobotDataset::check_dims(const EpisodeInfo& ep, const std::string& state_wh
   if (action_dim_ < 0) action_dim_ = ep.actions.size(1);
   if (ep.state.size(1) != state_dim_)
     throw UserError(state_what + " has dim " + std::to_string(ep.state.size(1)) + ", expected " +
-                    std::to_string(state_dim_) + " like the first episode (dataset.state_keys)");
+                    std::to_string(state_dim_) + " like the first episode (" + options_.config_key + ".state_keys)");
   if (ep.actions.size(1) != action_dim_)
     throw UserError(action_what + " has dim " + std::to_string(ep.actions.size(1)) + ", expected " +
-                    std::to_string(action_dim_) + " like the first episode (dataset.action_key)");
+                    std::to_string(action_dim_) + " like the first episode (" + options_.config_key + ".action_key)");
 }
 
 void RobotDataset::open_lerobot(int64_t source_index) {
@@ -359,7 +363,7 @@ void RobotDataset::open_lerobot(int64_t source_index) {
   if (std::find(columns.begin(), columns.end(), options_.action_key) == columns.end())
     columns.push_back(options_.action_key);
   const int64_t remaining = options_.max_episodes > 0 ? options_.max_episodes - num_episodes() : 0;
-  lerobot_.push_back(std::make_unique<LeRobotSource>(root, columns, remaining, /*video_threads=*/1));
+  lerobot_.push_back(std::make_unique<LeRobotSource>(root, columns, remaining, /*video_threads=*/1, options_.config_key));
   const LeRobotSource& src = *lerobot_.back();
   // Camera keys must be image or video features; a missing one is an error listing the features (unlike HDF5,
   // where per-file absence is tolerated, a LeRobot dataset declares its features once).
@@ -368,9 +372,10 @@ void RobotDataset::open_lerobot(int64_t source_index) {
     auto it = options_.cameras.find(slot);
     std::string key = it == options_.cameras.end() ? "" : it->second;
     if (!key.empty()) {
-      const LeRobotFeature& f = src.feature(key, "dataset.cameras." + slot);
+      const LeRobotFeature& f = src.feature(key, options_.config_key + ".cameras." + slot);
       if (f.dtype != "image" && f.dtype != "video")
-        throw UserError(root + "/meta/info.json: dataset.cameras." + slot + ": feature '" + key + "' has dtype " +
+        throw UserError(root + "/meta/info.json: " + options_.config_key + ".cameras." + slot + ": feature '" + key +
+                        "' has dtype " +
                         f.dtype + ", expected image or video");
     }
     slot_keys.push_back(key);
@@ -392,8 +397,9 @@ void RobotDataset::open_lerobot(int64_t source_index) {
         throw UserError(what + ": column " + name + " holds NaN or Inf, expected finite values");
     }
     if (options_.adapt_to_pi == "true") {
-      ep.state = aloha_state_to_pi(ep.state, what + " state (data.dataset.adapt_to_pi)").contiguous();
-      ep.actions = aloha_actions_to_pi(ep.actions, what + " " + options_.action_key + " (data.dataset.adapt_to_pi)")
+      ep.state = aloha_state_to_pi(ep.state, what + " state (" + options_.config_key + ".adapt_to_pi)").contiguous();
+      ep.actions = aloha_actions_to_pi(ep.actions, what + " " + options_.action_key + " (" + options_.config_key +
+                                                       ".adapt_to_pi)")
                        .contiguous();
     }
     check_dims(ep, what + " state", what + " column " + options_.action_key);

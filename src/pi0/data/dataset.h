@@ -33,6 +33,9 @@ struct DatasetOptions : config::DatasetConfig {
   int64_t action_horizon = 50;
   /// Keep only the first N episodes (0 = all); for quick experiments.
   int64_t max_episodes = 0;
+  /// The config section these options come from, named in messages about its keys: "data.dataset", or the mixture
+  /// entry "data.datasets[1]" (data::dataset_options sets it); "dataset" when they come from no config.
+  std::string config_key = "dataset";
 
   /// A copy with every empty field replaced by the format default; throws UserError for an unknown format.
   DatasetOptions resolved() const;
@@ -111,6 +114,6 @@ class RobotDataset {
 };
 
 /// Expands files, directories and glob patterns into a sorted, de-duplicated list; UserError if one matches nothing.
-std::vector<std::string> expand_paths(const std::vector<std::string>& paths);
+std::vector<std::string> expand_paths(const std::vector<std::string>& paths, const std::string& key = "dataset.paths");
 
 }  // namespace pi0::data

@@ -137,15 +137,15 @@ struct DecoderCache {
 }  // namespace
 
 LeRobotSource::LeRobotSource(const std::string& root, const std::vector<std::string>& columns, int64_t max_episodes,
-                             int video_threads)
-    : root_(root), video_threads_(video_threads), id_(g_next_source_id++) {
+                             int video_threads, std::string config_key)
+    : root_(root), config_key_(std::move(config_key)), video_threads_(video_threads), id_(g_next_source_id++) {
   if (!parquet::available()) parquet::file_info("");  // throws the one-line "built without Arrow" error
   read_info();
   for (const auto& c : columns) {
-    const LeRobotFeature& f = feature(c, "dataset.state_keys / dataset.action_key");
+    const LeRobotFeature& f = feature(c, config_key_ + ".state_keys / " + config_key_ + ".action_key");
     if (f.dtype == "image" || f.dtype == "video" || f.dtype == "string" || f.dtype == "language")
       throw UserError(root_ + "/meta/info.json: feature '" + c + "' has dtype " + f.dtype +
-                      ", expected a numeric vector for dataset.state_keys / dataset.action_key");
+                      ", expected a numeric vector for " + config_key_ + ".state_keys / " + config_key_ + ".action_key");
   }
   read_tasks();
   if (version_ == "v3.0") read_episodes_v3(columns, max_episodes);
@@ -179,7 +179,7 @@ const std::string& LeRobotSource::task(int64_t task_index) const {
 
 void LeRobotSource::read_info() {
   const std::string path = root_ + "/meta/info.json";
-  if (!fs::is_directory(root_)) throw UserError(root_ + ": LeRobot dataset root not found (dataset.paths)");
+  if (!fs::is_directory(root_)) throw UserError(root_ + ": LeRobot dataset root not found (" + config_key_ + ".paths)");
   info_ = read_json(path);
   version_ = json_field<std::string>(info_, "codebase_version", path, "\"v2.0\", \"v2.1\" or \"v3.0\"");
   if (version_ != "v2.0" && version_ != "v2.1" && version_ != "v3.0")
@@ -385,7 +385,7 @@ torch::Tensor LeRobotSource::read_image(int64_t e, const std::string& key, int64
 
 void LeRobotSource::apply_defaults(const std::string& root, DatasetOptions& o) {
   const std::string path = root + "/meta/info.json";
-  if (!fs::is_directory(root)) throw UserError(root + ": LeRobot dataset root not found (dataset.paths)");
+  if (!fs::is_directory(root)) throw UserError(root + ": LeRobot dataset root not found (" + o.config_key + ".paths)");
   const nlohmann::json info = read_json(path);
   if (!info.contains("features") || !info["features"].is_object())
     throw UserError(path + ": key features missing or not an object");
@@ -409,7 +409,7 @@ void LeRobotSource::apply_defaults(const std::string& root, DatasetOptions& o) {
     }
     if (o.cameras.empty())
       throw UserError(path + ": no default cameras for this dataset (its features are not openpi's LIBERO or ALOHA "
-                      "names); set dataset.cameras, e.g. {base_0_rgb: observation.images.front}");
+                      "names); set " + o.config_key + ".cameras, e.g. {base_0_rgb: observation.images.front}");
   }
   if (o.state_keys.empty()) o.state_keys = {has("state") ? "state" : "observation.state"};
   if (o.action_key.empty()) o.action_key = has("actions") ? "actions" : "action";

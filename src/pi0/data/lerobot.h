@@ -44,9 +44,9 @@ struct LeRobotEpisode {
 class LeRobotSource {
  public:
   /// Reads meta/ and the low-dim `columns` of every episode (at most `max_episodes` if > 0). UserError naming the
-  /// file and key for any problem.
+  /// file and key for any problem; `config_key` names the options' section in them (DatasetOptions::config_key).
   LeRobotSource(const std::string& root, const std::vector<std::string>& columns, int64_t max_episodes,
-                int video_threads);
+                int video_threads, std::string config_key = "dataset");
   ~LeRobotSource();
 
   const std::string& root() const { return root_; }
@@ -76,6 +76,7 @@ class LeRobotSource {
   std::string feature_list() const;
 
   std::string root_;
+  std::string config_key_;
   std::string version_;
   nlohmann::json info_;
   double fps_ = 0;

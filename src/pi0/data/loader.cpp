@@ -42,7 +42,7 @@ DataLoader::DataLoader(std::vector<DataSource> sources, LoaderOptions options, L
     if (!(s.weight > 0) || !std::isfinite(s.weight))
       throw UserError("loader: " + what + " has weight " + std::to_string(s.weight) + ", expected a finite number > 0");
     if (s.size() < 1) throw UserError("loader: " + what + " has no frames to train on");
-    s.transform->check_dims(s.dataset->state_dim(), s.dataset->action_dim());
+    s.transform->check_dims(s.dataset->state_dim(), s.dataset->action_dim(), what);
     epoch_size_ += s.size();
   }
   const int64_t global = options_.batch_size * options_.world_size;

@@ -332,14 +332,15 @@ void augment_image(torch::Tensor& chw, bool wrist, Rng& rng, const AugmentOption
 TransformOptions TransformOptions::resolved() const {
   TransformOptions o = *this;
   if (o.model_type != "pi0" && o.model_type != "pi05")
-    throw UserError("model_type: got '" + o.model_type + "', expected pi0 or pi05");
+    throw UserError("model.type: got '" + o.model_type + "', expected pi0 or pi05");
   if (o.max_token_len == 0) o.max_token_len = o.model_type == "pi0" ? 48 : 200;
-  if (o.max_token_len < 1) throw UserError("max_token_len: got " + std::to_string(o.max_token_len) + ", expected >= 1");
+  if (o.max_token_len < 1)
+    throw UserError("model.max_token_len: got " + std::to_string(o.max_token_len) + ", expected >= 1");
   if (o.norm == "auto") o.norm = o.model_type == "pi0" ? "zscore" : "quantile";
   if (o.norm != "zscore" && o.norm != "quantile" && o.norm != "none")
     throw UserError("norm: got '" + o.norm + "', expected auto, zscore, quantile or none");
-  if (o.image_size < 1) throw UserError("image_size: got " + std::to_string(o.image_size) + ", expected >= 1");
-  if (o.action_dim < 1) throw UserError("action_dim: got " + std::to_string(o.action_dim) + ", expected >= 1");
+  if (o.image_size < 1) throw UserError("model.image_size: got " + std::to_string(o.image_size) + ", expected >= 1");
+  if (o.action_dim < 1) throw UserError("model.action_dim: got " + std::to_string(o.action_dim) + ", expected >= 1");
   return o;
 }
 
@@ -357,7 +358,7 @@ SampleTransform::SampleTransform(TransformOptions options, NormStats stats, std:
   }
 }
 
-void SampleTransform::check_dims(int64_t state_dim, int64_t action_dim) const {
+void SampleTransform::check_dims(int64_t state_dim, int64_t action_dim, const std::string& dataset) const {
   const std::string src = stats_.source.empty() ? "norm stats" : stats_.source;
   const NormMode mode = options_.norm_mode();
   normalize(torch::zeros({state_dim}), mode == NormMode::kNone ? KeyStats{} : stats_.at("state"), mode,
@@ -365,8 +366,8 @@ void SampleTransform::check_dims(int64_t state_dim, int64_t action_dim) const {
   normalize(torch::zeros({action_dim}), mode == NormMode::kNone ? KeyStats{} : stats_.at("actions"), mode,
             src + ": key norm_stats.actions");
   if (state_dim > options_.action_dim || action_dim > options_.action_dim)
-    throw UserError("action_dim: got " + std::to_string(options_.action_dim) + ", expected >= the dataset's state dim " +
-                    std::to_string(state_dim) + " and action dim " + std::to_string(action_dim));
+    throw UserError("model.action_dim: got " + std::to_string(options_.action_dim) + ", expected >= the state dim " +
+                    std::to_string(state_dim) + " and action dim " + std::to_string(action_dim) + " of " + dataset);
 }
 
 ProcessedSample SampleTransform::operator()(const RawSample& raw, std::optional<uint64_t> augment_seed) const {

@@ -118,8 +118,9 @@ class SampleTransform {
   /// `stats` may be empty only with norm "none".
   SampleTransform(TransformOptions options, NormStats stats, std::shared_ptr<const Tokenizer> tokenizer);
 
-  /// Checks that the norm stats cover a dataset of these dims (UserError naming the stats file and key).
-  void check_dims(int64_t state_dim, int64_t action_dim) const;
+  /// Checks that the norm stats cover a dataset of these dims (UserError naming the stats file and key) and that
+  /// model.action_dim holds them (UserError naming `dataset`, e.g. "data.datasets[1]").
+  void check_dims(int64_t state_dim, int64_t action_dim, const std::string& dataset = "the dataset") const;
   /// Runs the pipeline; `augment_seed` set = training augmentation with that seed. Thread-safe.
   ProcessedSample operator()(const RawSample& sample, std::optional<uint64_t> augment_seed = std::nullopt) const;
 

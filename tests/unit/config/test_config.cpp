@@ -203,6 +203,14 @@ TEST_CASE("checkpoint.asset_id must be a plain folder name, refused at load nami
                     Contains("checkpoint.asset_id must be a plain folder name") && Contains("'../x'"));
   CHECK(parse("", {"checkpoint.asset_id=libero"}).checkpoint.asset_id == "libero");
   CHECK(parse("", {"checkpoint.asset_id=trossen.v2_x"}).checkpoint.asset_id == "trossen.v2_x");
+  // A file name holds at most 255 bytes (NAME_MAX): a longer id would fail at the first checkpoint save.
+  CHECK(parse("", {"checkpoint.asset_id=" + std::string(255, 'a')}).checkpoint.asset_id.size() == 255);
+  CHECK_THROWS_WITH(parse("", {"checkpoint.asset_id=" + std::string(256, 'a')}),
+                    Contains("checkpoint.asset_id must be a folder name of at most 255 bytes (got 256 bytes: 'aaaa") &&
+                        !Contains(std::string(256, 'a')) && !Contains("\n"));
+  const std::string wide = "\u00e9" + std::string(254, 'a');  // 2 + 254 bytes: 255 characters, 256 bytes
+  CHECK_THROWS_WITH(parse("checkpoint: {asset_id: \"" + wide + "\"}\n"),
+                    Contains("checkpoint.asset_id must be a folder name of at most 255 bytes (got 256 bytes"));
 }
 
 TEST_CASE("paths with control characters are refused at load, the value escaped", "[unit][config]") {

@@ -110,6 +110,13 @@ TEST_CASE("data.datasets refuses bad entries with one line naming the key", "[un
       {"data: {datasets: [{paths: [a.hdf5], asset_id: x}, {paths: [b.hdf5], asset_id: x}]}\n",
        "data.datasets[1].asset_id must be unique among data.datasets"},
       {"data: {datasets: [{paths: [a.hdf5], asset_id: ../up}]}\n", "data.datasets[0].asset_id must be a plain folder name"},
+      {"data: {datasets: [{paths: [a.hdf5], asset_id: " + std::string(256, 'x') + "}]}\n",
+       "data.datasets[0].asset_id must be a folder name of at most 255 bytes (got 256 bytes: 'xxx"},
+      // Each weight is finite but their sum is not: every sample would come from the last entry.
+      {"data: {datasets: [{paths: [a.hdf5], asset_id: a, weight: 1.0e+308}, {paths: [b.hdf5], asset_id: b, weight: "
+       "1.0e+308}]}\n",
+       "data.datasets[].weight must be weights with a finite sum (only their ratios count: scale them down) (got "
+       "1e+308 + 1e+308 = inf)"},
       {"data: {datasets: [{paths: [a.hdf5], validation_episodes: [-1]}]}\n",
        "data.datasets[0].validation_episodes must be episode indices >= 0 (got -1)"},
       {"data: {datasets: [a.hdf5]}\n", "data.datasets[0] must be a mapping"},

@@ -59,7 +59,7 @@ TEST_CASE("adapt_to_pi actions: flips, gripper_from_angular_inv, and the inverse
   CHECK((aloha_actions_to_pi(actions, "a") - actions).abs().max().item<double>() > 0.1);  // it does change them
 
   REQUIRE_THROWS_WITH(aloha_state_to_pi(torch::zeros({2, 8}), "run.hdf5: state"),
-                      Contains("run.hdf5: state has 8 dims, expected >= 14 for data.dataset.adapt_to_pi"));
+                      Contains("run.hdf5: state has 8 dims, expected >= 14 for adapt_to_pi (ALOHA"));
 }
 
 TEST_CASE("the dataset applies adapt_to_pi for ALOHA by default, so norm stats see converted values", "[unit][data]") {
