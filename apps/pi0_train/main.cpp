@@ -1,5 +1,6 @@
 // pi0-train: fine-tune pi0 / pi0.5 from a YAML config.
-//   pi0-train --config run.yaml [--set section.key=value ...] [--resume] [--print-params [--world-size N] [--json]]
+//   pi0-train --config run.yaml [--set section.key=value ...] [--resume [--new-validation-set]]
+//             [--print-params [--world-size N] [--json]]
 //             [--dump-batches N DIR]
 // Data parallel: launch one process per GPU (or CPU rank) with torchrun --no-python or SLURM srun; the rank, world
 // size and rendezvous come from the environment (see docs/distributed.md).
@@ -31,7 +32,7 @@ namespace {
 struct Args {
   std::string config;
   std::vector<std::string> overrides;
-  bool resume = false, print_params = false, json = false, reference = false;
+  bool resume = false, new_validation_set = false, print_params = false, json = false, reference = false;
   int64_t world_size = 0;  ///< --world-size; 0: the launcher's WORLD_SIZE (1 outside a launched job)
   std::vector<std::string> dump;  ///< --dump-batches N DIR
 };
@@ -89,7 +90,13 @@ int train_main(int argc, char** argv) {
   auto cli = pi0::app::make_parser("pi0-train", "Fine-tunes pi0 / pi0.5 from a YAML config (docs/config.md).");
   cli->add_option("--config", args.config, "the run's YAML config")->check(pi0::app::non_empty());
   pi0::app::add_config_overrides(*cli, args.overrides);
-  cli->add_flag("--resume", args.resume, "continue from the newest complete checkpoint in checkpoint.run_dir");
+  auto* resume =
+      cli->add_flag("--resume", args.resume, "continue from the newest complete checkpoint in checkpoint.run_dir");
+  cli->add_flag("--new-validation-set", args.new_validation_set,
+                "with --resume: accept another held-out validation set than the checkpoint's (data.validation_split, "
+                "train.seed, train.val_samples or the data changed); earlier val_loss values are then not comparable "
+                "and checkpoint.keep_best ranks afresh")
+      ->needs(resume);
   auto* print = cli->add_flag("--print-params", args.print_params,
                               "print total, trainable and frozen parameters and their memory per component, then exit");
   cli->add_flag("--json", args.json, "with --print-params: as JSON")->needs(print);
@@ -123,6 +130,7 @@ int train_main(int argc, char** argv) {
 
   pi0::train::RunOptions run;
   run.resume = args.resume;
+  run.new_validation_set = args.new_validation_set;
   const auto env = pi0::distributed::dist_env_from_environment();
   run.rank = env.rank;
   run.world_size = env.world_size;

@@ -14,6 +14,8 @@
 #include <fstream>
 
 #include "pi0/config/config.h"
+#include "pi0/data/example_data.h"
+#include "pi0/data/norm_stats.h"
 #include "pi0/io/checkpoint_dir.h"
 #include "pi0/train/trainer.h"
 #include "support/app_process.h"
@@ -124,6 +126,32 @@ TEST_CASE("a mixture's norm stats and paths mistakes are one-line errors naming 
   const auto no_paths = mixture("no_paths", "[{" + paths + "}, {asset_id: b}]", "norm_stats: " + run.norm_stats);
   check_user_error(run_app_process("pi0-train", "--config " + no_paths, run.dir), "pi0-train",
                    "data.datasets[1].paths is empty");
+
+  // What the data layer finds wrong inside an entry names that entry's keys (they named data.dataset's).
+  const std::string nowhere = run.dir.str("nowhere") + "/*.hdf5";
+  const auto no_match = mixture("no_match", "[{" + paths + "}, {paths: [" + nowhere + "], asset_id: b}]",
+                                "norm_stats: " + run.norm_stats);
+  check_user_error(run_app_process("pi0-train", "--config " + no_match, run.dir), "pi0-train",
+                   "data.datasets[1].paths: glob '" + nowhere + "' matches no file");
+  data::ExampleDataOptions eo;
+  eo.episodes = 2;
+  eo.steps = 12;
+  data::write_example_aloha(run.dir.str("aloha"), eo);
+  const std::string aloha = "{format: aloha, paths: [" + run.dir.str("aloha") + "], asset_id: b";
+  const auto no_prompt = mixture("no_prompt", "[{" + paths + "}, " + aloha + "}]", "norm_stats: " + run.norm_stats);
+  check_user_error(run_app_process("pi0-train", "--config " + no_prompt, run.dir), "pi0-train",
+                   "ALOHA files store no language instruction; set data.datasets[1].prompt");
+  // ALOHA's 14 dims in a model of 8 (configs/debug.yaml): the model key, and the entry whose dims they are.
+  data::DatasetOptions ao;
+  ao.format = "aloha";
+  ao.paths = {run.dir.str("aloha")};
+  ao.prompt = "fold";
+  ao.action_horizon = 8;
+  data::save_norm_stats(data::compute_norm_stats(data::RobotDataset(ao)), run.dir.str("aloha_stats.json"));
+  const auto narrow = mixture("narrow", "[{" + paths + ", norm_stats: " + run.norm_stats + "}, " + aloha +
+                                            ", prompt: fold, norm_stats: " + run.dir.str("aloha_stats.json") + "}]");
+  check_user_error(run_app_process("pi0-train", "--config " + narrow, run.dir), "pi0-train",
+                   "model.action_dim: got 8, expected >= the state dim 14 and action dim 14 of data.datasets[1]");
 }
 
 TEST_CASE("pi0-train: config mistakes are one-line errors with exit 2, before any model is built",
@@ -219,6 +247,38 @@ TEST_CASE("pi0-train --resume: malformed or unreadable checkpoints are one-line 
   ::chmod(model_file.c_str(), 0644);
   check_user_error(r, "pi0-train", model_file + ": cannot open safetensors file (permission denied)");
   CHECK_THAT(r.out, !Contains(kBuildingModel));
+}
+
+TEST_CASE("pi0-train --resume: a config refused at load writes nothing to the run dir", "[integration][app]") {
+  TinyRun run;
+  const std::vector<std::string> split = {"data.validation_split=0.34", "train.val_samples=4", "train.ema_decay=0"};
+  {
+    auto o = split;
+    o.push_back("train.num_steps=1");
+    train::Trainer(run.config("run", o)).run();
+  }
+  const auto config_yaml = run.dir.str("run") + "/config.yaml";
+  const auto before = slurp(config_yaml);
+  auto o = split;
+  o.push_back("train.num_steps=2");
+  const auto cfg = run.write_config("resume.yaml", "run", o);
+  // An asset id longer than a file name may be: it used to fail only at the first save, after config.yaml had been
+  // overwritten.
+  const std::string long_id(300, 'a');
+  check_user_error(run_app_process("pi0-train", "--config " + cfg + " --resume --set checkpoint.asset_id=" + long_id,
+                                   run.dir),
+                   "pi0-train", "checkpoint.asset_id must be a folder name of at most 255 bytes (got 300 bytes: 'aaa");
+  // Another held-out set: refused, unless --new-validation-set says so.
+  const auto r = run_app_process("pi0-train", "--config " + cfg + " --resume --set data.validation_split=0.5", run.dir);
+  check_user_error(r, "pi0-train", "--resume: data.validation_split is 0.5 but was 0.34 when checkpoint ");
+  CHECK_THAT(r.out, !Contains(kBuildingModel));
+  CHECK(slurp(config_yaml) == before);
+  CHECK(io::complete_checkpoints(run.dir.str("run")) == std::vector<int64_t>{1});
+  const auto ok = run_app_process("pi0-train", "--config " + cfg + " --resume --new-validation-set --set "
+                                  "data.validation_split=0.5", run.dir);
+  INFO(ok.out << ok.err);
+  CHECK(ok.code == 0);
+  CHECK(io::complete_checkpoints(run.dir.str("run")).back() == 2);
 }
 
 TEST_CASE("SIGTERM during pi0-train start-up exits 0: stopped before the first step, nothing to save",

@@ -15,18 +15,21 @@
 #include "pi0/data/example_data.h"
 #include "pi0/io/bundle.h"
 #include "pi0/io/checkpoint_dir.h"
+#include "pi0/io/manifest.h"
 #include "pi0/io/safetensors.h"
 #include "pi0/train/data_setup.h"
 #include "pi0/train/metrics.h"
 #include "pi0/train/trainer.h"
 #include "pi0/train/trainer_state.h"
 #include "support/app_process.h"
+#include "support/log_capture.h"
 #include "support/test_support.h"
 #include "support/tiny_run.h"
 #include "unit/data/lerobot_test_util.h"
 
 using namespace pi0;
 using pi0::testing::TinyRun;
+using Catch::Contains;
 
 namespace {
 
@@ -43,6 +46,23 @@ const std::vector<std::string> kSplit = {"data.validation_split=0.34", "train.va
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
+}
+
+// Sets trainer_state.json's "val_loss" of checkpoint `step`; with `reseal` the manifest is written anew (a checkpoint
+// that verifies with that value), without it the file no longer matches the manifest (edited after the fact).
+void set_val_loss(const std::string& run_dir, int64_t step, double value, bool reseal) {
+  const auto dir = io::checkpoint_path(run_dir, step);
+  const auto file = dir + "/" + io::kTrainerStateFile;
+  nlohmann::json j;
+  std::ifstream(file) >> j;
+  j["val_loss"] = value;
+  std::ofstream(file) << j.dump(2) << "\n";
+  if (reseal) io::write_manifest(dir, step);
+}
+
+std::set<int64_t> kept_steps(const std::string& run_dir) {
+  const auto steps = io::complete_checkpoints(run_dir);
+  return {steps.begin(), steps.end()};
 }
 
 }  // namespace
@@ -103,6 +123,98 @@ TEST_CASE("validation: val_loss is the same on every pass, across a resume, and 
   CHECK(val_b.at(2) == val_a.at(2));
   CHECK(val_b.at(4) == val_a.at(4));
   CHECK(metric(run.dir.str("b"), "loss") == metric(run.dir.str("a"), "loss"));
+}
+
+TEST_CASE("validation: a resume that changes the held-out set is refused with one line naming the key and both "
+          "values", "[integration][train]") {
+  TinyRun run;
+  const auto base = with(kSplit, {"train.num_steps=1", "checkpoint.save_interval=1"});
+  train::Trainer(run.config("a", base)).run();
+  const auto seed = run.config("a", base).train.seed;
+  train::RunOptions ro;
+  ro.resume = true;
+  const auto dir = io::checkpoint_path(run.dir.str("a"), 1);
+  // Each key that chooses the held-out episodes or their samples, changed alone: refused before the model is built.
+  const std::vector<std::pair<std::string, std::string>> changes = {
+      {"data.validation_split=0.5", "data.validation_split is 0.5 but was 0.34"},
+      {"data.validation_split=0", "data.validation_split is 0.0 but was 0.34"},
+      {"train.seed=" + std::to_string(seed + 1),
+       "train.seed is " + std::to_string(seed + 1) + " but was " + std::to_string(seed)},
+      {"train.val_samples=4", "train.val_samples is 4 but was 6"},
+  };
+  for (const auto& [set, expected] : changes) {
+    INFO(set);
+    CHECK_THROWS_WITH(train::Trainer(run.config("a", with(base, {set, "train.num_steps=2"})), ro),
+                      Contains("--resume: " + expected + " when checkpoint " + dir + " was written") &&
+                          Contains("pass --new-validation-set") && !Contains("\n"));
+  }
+  CHECK_NOTHROW(train::Trainer(run.config("a", with(base, {"train.num_steps=2"})), ro));  // unchanged: resumes
+  // The same keys over other episodes: the data changed (a copy of the file adds episodes).
+  const auto first = *std::filesystem::directory_iterator(run.dir.str("data"));
+  std::filesystem::copy_file(first.path(), run.dir.str("data") + "/more.hdf5");
+  CHECK_THROWS_WITH(train::Trainer(run.config("a", with(base, {"train.num_steps=2"})), ro),
+                    Contains("--resume: the held-out validation set differs from the one checkpoint " + dir +
+                             " was written with, though data.validation_split, train.seed and train.val_samples are "
+                             "the same (the datasets or an entry's validation_episodes changed)") &&
+                        !Contains("\n"));
+}
+
+TEST_CASE("validation: --new-validation-set resumes with another held-out set and keep_best ranks afresh",
+          "[integration][train]") {
+  TinyRun run;
+  const auto cfg = [&](const std::string& split, int64_t steps, int64_t keep_last) {
+    return run.config("a", with(kSplit, {"data.validation_split=" + split, "train.num_steps=" + std::to_string(steps),
+                                         "checkpoint.save_interval=1",
+                                         "checkpoint.keep_last=" + std::to_string(keep_last),
+                                         "checkpoint.keep_best=1"}));
+  };
+  train::Trainer(cfg("0.34", 2, 2)).run();
+  // Step 1 ranks best of the old set, whatever the passes measured (a resealed, verified value).
+  set_val_loss(run.dir.str("a"), 1, 0.0, /*reseal=*/true);
+  testing::LogCapture log;
+  train::RunOptions ro;
+  ro.resume = true;
+  ro.new_validation_set = true;
+  train::Trainer(cfg("0.5", 4, 1), ro).run();
+  CHECK_THAT(log.text(), Contains("--new-validation-set: data.validation_split is 0.5 but was 0.34 when checkpoint " +
+                                  io::checkpoint_path(run.dir.str("a"), 2) + " was written; val_loss up to step 2 is "
+                                  "not comparable with later values, and checkpoint.keep_best ranks only "
+                                  "checkpoints of the new set"));
+  // Steps 1 and 2 were measured on the old set: no longer ranked, so rotation removed them; the best of 3 and 4 and
+  // the newest stay.
+  const auto kept = kept_steps(run.dir.str("a"));
+  CHECK(kept.count(1) == 0);
+  CHECK(kept.count(2) == 0);
+  CHECK(kept.count(4) == 1);
+  // A later resume with the new set is the same set: no refusal.
+  ro.new_validation_set = false;
+  CHECK_NOTHROW(train::Trainer(cfg("0.5", 5, 1), ro));
+}
+
+TEST_CASE("checkpoint.keep_best ranks only checkpoints that verify and never deletes a verified one to keep another",
+          "[integration][train]") {
+  TinyRun run;
+  const auto cfg = [&](int64_t steps, int64_t keep_last) {
+    return run.config("a", with(kSplit, {"train.num_steps=" + std::to_string(steps), "checkpoint.save_interval=1",
+                                         "checkpoint.keep_last=" + std::to_string(keep_last),
+                                         "checkpoint.keep_best=1"}));
+  };
+  train::Trainer(cfg(4, 4)).run();
+  REQUIRE(kept_steps(run.dir.str("a")) == std::set<int64_t>{1, 2, 3, 4});
+  // Step 2 the true best (val_loss is a mean of squares: no pass goes below 0, and ties keep the older), resealed so
+  // it verifies; step 3 edited after the fact to rank first, its manifest left as it was.
+  set_val_loss(run.dir.str("a"), 2, 0.0, /*reseal=*/true);
+  set_val_loss(run.dir.str("a"), 3, -1e9, /*reseal=*/false);
+  testing::LogCapture log;
+  train::RunOptions ro;
+  ro.resume = true;
+  train::Trainer(cfg(6, 1), ro).run();
+  // The newest (keep_last 1), the verified best, and the one that fails verification, left untouched as a resume
+  // leaves one.
+  CHECK(kept_steps(run.dir.str("a")) == std::set<int64_t>{2, 3, 6});
+  CHECK(*train::read_trainer_state(io::checkpoint_path(run.dir.str("a"), 3)).val_loss == -1e9);
+  CHECK_THAT(log.text(), Contains("checkpoint.keep_best: checkpoint " + io::checkpoint_path(run.dir.str("a"), 3) +
+                                  " does not verify, so its val_loss is not ranked and it is left untouched: "));
 }
 
 TEST_CASE("loss masks: a step's loss is the mean over the positions kept, as derived by hand, off by default",

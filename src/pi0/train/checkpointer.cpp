@@ -158,6 +158,7 @@ std::optional<std::string> Checkpointer::choose_resume(int64_t batches_per_epoch
     check_init_weights();  // a fresh start after all
     return dir;
   }
+  check_validation_set(*dir);
   // What the checkpoint needs from this machine, checked now rather than after the model is built: readable files
   // and the base weights it builds on (wherever they are now).
   for (const auto& path : required_files(*dir))
@@ -171,6 +172,23 @@ std::optional<std::string> Checkpointer::choose_resume(int64_t batches_per_epoch
     }
   }
   return dir;
+}
+
+void Checkpointer::check_validation_set(const std::string& dir) const {
+  const auto recorded = read_trainer_state(dir).validation_set;
+  if (!validation_set_ || !recorded) return;  // a checkpoint from before the set was recorded: nothing to compare
+  const auto change = validation_set_change(*recorded, *validation_set_, dir);
+  if (change.empty()) return;
+  if (!accept_new_validation_set_) {
+    throw UserError("--resume: " + change + ": episodes trained on would be validated on (or the other way round) "
+                    "and checkpoint.keep_best would rank val_loss of other samples; resume with the checkpoint's "
+                    "settings, or pass --new-validation-set to start a new held-out set");
+  }
+  if (rank_ == 0) {
+    spdlog::warn("--new-validation-set: {}; val_loss up to step {} is not comparable with later values, and "
+                 "checkpoint.keep_best ranks only checkpoints of the new set",
+                 change, step_of(dir));
+  }
 }
 
 void Checkpointer::verify(const std::string& dir, int64_t step) const {
@@ -498,6 +516,7 @@ Checkpointer::Digests Checkpointer::save_progress(const fs::path& tmp, const Che
   state.rank_loaders = p.loaders;
   state.global_batch_size = cfg_.train.batch_size;
   state.grad_accum_steps = cfg_.train.grad_accum_steps;
+  state.validation_set = validation_set_;
   std::vector<std::pair<std::string, torch::Tensor>> rngs;
   for (size_t r = 0; r < p.rng_states.size(); ++r) rngs.emplace_back("rank" + std::to_string(r) + ".noise_time", p.rng_states[r]);
   Digests digests = {{io::kRngFile, io::save_safetensors((tmp / io::kRngFile).string(), rngs, step_metadata(state.step))}};
@@ -505,17 +524,43 @@ Checkpointer::Digests Checkpointer::save_progress(const fs::path& tmp, const Che
   return digests;
 }
 
-std::set<int64_t> Checkpointer::best_steps() const {
+void Checkpointer::verify_trainer_state(const std::string& dir, int64_t step) const {
+  verify(dir, step);
+  const auto manifest = io::read_manifest(dir);
+  if (!manifest) return;  // verify() has said so (or refused it)
+  const auto file = (fs::path(dir) / io::kTrainerStateFile).string();
+  const auto listed = manifest->files.find(io::kTrainerStateFile);
+  if (listed == manifest->files.end())
+    throw UserError((fs::path(dir) / io::kManifestFile).string() + ": does not list " + io::kTrainerStateFile);
+  const auto digest = io::digest_file(file);
+  if (digest.xxh3 != listed->second.xxh3) {
+    throw UserError(file + ": checksum " + digest.xxh3 + " but manifest.json lists " + listed->second.xxh3 +
+                    " (the file changed after it was saved)");
+  }
+}
+
+std::set<int64_t> Checkpointer::best_steps() {
   const int64_t k = cfg_.checkpoint.keep_best;
   if (k <= 0) return {};
   std::vector<std::pair<double, int64_t>> ranked;  // (val_loss, step): ties keep the older checkpoint
   for (const int64_t step : io::complete_checkpoints(cfg_.checkpoint.run_dir)) {
     if (bad_steps_.count(step)) continue;
+    const auto dir = io::checkpoint_path(cfg_.checkpoint.run_dir, step);
     try {
-      const auto state = read_trainer_state(io::checkpoint_path(cfg_.checkpoint.run_dir, step));
-      if (state.val_loss && std::isfinite(*state.val_loss)) ranked.emplace_back(*state.val_loss, step);
+      // The ranking decides what rotation deletes: a val_loss edited after the save (or a damaged checkpoint) must
+      // never keep its checkpoint at the cost of one that verifies. Those this process wrote or resumed from are
+      // known good.
+      if (!verified_steps_.count(step)) verify_trainer_state(dir, step);
+      const auto state = read_trainer_state(dir);
+      // Another held-out set (accepted with --new-validation-set): its values do not compare with this set's.
+      const bool same_set = !validation_set_ || !state.validation_set ||
+                            state.validation_set->digest == validation_set_->digest;
+      if (same_set && state.val_loss && std::isfinite(*state.val_loss)) ranked.emplace_back(*state.val_loss, step);
     } catch (const UserError& e) {
-      spdlog::warn("checkpoint.keep_best: {} (not ranked)", e.what());
+      bad_steps_.insert(step);
+      spdlog::warn("checkpoint.keep_best: checkpoint {} does not verify, so its val_loss is not ranked and it is left "
+                   "untouched: {}",
+                   dir, e.what());
     }
   }
   std::sort(ranked.begin(), ranked.end());

@@ -85,6 +85,13 @@ class Checkpointer {
   /// The config written to the run dir and into every checkpoint: the run's, with the settings its data resolved
   /// at open. Called before choose_resume().
   void set_config(config::Config cfg) { cfg_ = std::move(cfg); }
+  /// The held-out validation set of this run: recorded in every checkpoint; at --resume a checkpoint written with
+  /// another set is refused (choose_resume) unless `accept_change` (pi0-train --new-validation-set), and
+  /// checkpoint.keep_best ranks only checkpoints of this set. Called before choose_resume().
+  void set_validation_set(ValidationSetId id, bool accept_change) {
+    validation_set_ = std::move(id);
+    accept_new_validation_set_ = accept_change;
+  }
   /// Small checkpoints: the frozen base the run builds on (from checkpoint.init_weights) and the parameters taken
   /// unchanged from it, which save() references instead of copying.
   void set_base(io::BaseWeightsRef ref, std::set<std::string> names);
@@ -108,8 +115,14 @@ class Checkpointer {
   void reject(const std::string& dir, const std::string& why);
   /// checkpoint.init_weights, when set, is a readable file (a fresh start builds on it).
   void check_init_weights() const;
-  /// checkpoint.keep_best: the steps of the K complete checkpoints with the lowest recorded val_loss.
-  std::set<int64_t> best_steps() const;
+  /// checkpoint.keep_best: the steps of the K complete checkpoints of this validation set with the lowest recorded
+  /// val_loss. Only checkpoints that verify are ranked; one that does not is warned about and, like one a resume
+  /// rejects, neither deleted nor counted (bad_steps_).
+  std::set<int64_t> best_steps();
+  /// verify() and trainer_state.json's checksum against the manifest (the file keep_best ranks by is small).
+  void verify_trainer_state(const std::string& dir, int64_t step) const;
+  /// The held-out set `dir` was written with against this run's: UserError unless the same or accepted.
+  void check_validation_set(const std::string& dir) const;
   /// What this run is, for resume_position(): world size, train.batch_size, grad_accum_steps, the loader's epoch.
   RunGeometry geometry() const;
 
@@ -145,6 +158,8 @@ class Checkpointer {
   std::optional<std::string> newest_rejection_;  ///< why the newest rejected checkpoint failed (for the final error)
   /// Checkpoints known good: the one resumed from (verified) and those this process wrote (hashed as written).
   std::set<int64_t> verified_steps_;
+  std::optional<ValidationSetId> validation_set_;  ///< null until set_validation_set(): nothing recorded or compared
+  bool accept_new_validation_set_ = false;
   std::optional<io::BaseWeightsRef> base_ref_;
   std::set<std::string> base_names_;
 };

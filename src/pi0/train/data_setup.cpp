@@ -8,8 +8,32 @@
 #include "pi0/data/config_options.h"
 #include "pi0/data/split.h"
 #include "pi0/data/tokenizer.h"
+#include "pi0/io/checksum.h"
 
 namespace pi0::train {
+namespace {
+
+// The held-out set as ValidationSetId records it: its keys, and a digest of the frames and samples they chose.
+ValidationSetId validation_set_id(const config::Config& cfg, const DataPipeline& p) {
+  ValidationSetId id;
+  id.validation_split = cfg.data.validation_split;
+  id.seed = cfg.train.seed;
+  id.val_samples = cfg.train.val_samples;
+  io::Xxh3 h;
+  auto add = [&h](int64_t v) { h.update(&v, sizeof v); };
+  for (const auto& frames : p.held_out) {
+    add(static_cast<int64_t>(frames.size()));  // where one source's frames end and the next one's begin
+    for (const int64_t f : frames) add(f);
+  }
+  for (const auto& s : p.validation) add(s.source), add(s.index);
+  // The seed draws each validation sample's noise and time: another seed, other values. Without held-out frames it
+  // chooses nothing.
+  if (!p.validation.empty()) add(id.seed);
+  id.digest = h.hex();
+  return id;
+}
+
+}  // namespace
 
 DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, int64_t rank, int64_t world_size,
                                 data::LoaderPosition start) {
@@ -35,7 +59,7 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
     s.dataset = std::make_shared<const data::RobotDataset>(data::dataset_options(one, key));
     s.transform = std::make_shared<const data::SampleTransform>(data::transform_options(one),
                                                                 data::load_config_norm_stats(one, data::norm_stats_key(cfg, i)), tokenizer);
-    s.transform->check_dims(s.dataset->state_dim(), s.dataset->action_dim());
+    s.transform->check_dims(s.dataset->state_dim(), s.dataset->action_dim(), key);
     const auto held = data::held_out_episodes(s.dataset->num_episodes(), cfg.data.validation_split,
                                               entries[i].validation_episodes, static_cast<uint64_t>(cfg.train.seed),
                                               static_cast<int64_t>(i), key);
@@ -44,6 +68,7 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
     p.sources.push_back(std::move(s));
   }
   p.validation = data::validation_samples(p.held_out, cfg.train.val_samples);
+  p.validation_set = validation_set_id(cfg, p);
   data::LoaderOptions lo;
   lo.batch_size = local_batch;
   lo.num_workers = cfg.data.num_workers;

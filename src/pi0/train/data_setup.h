@@ -8,6 +8,7 @@
 #include "pi0/config/config.h"
 #include "pi0/data/loader.h"
 #include "pi0/data/norm_stats.h"
+#include "pi0/train/trainer_state.h"
 
 namespace pi0::train {
 
@@ -18,6 +19,8 @@ struct DataPipeline {
   std::vector<std::vector<int64_t>> held_out;
   /// The samples every validation pass evaluates (train.val_samples of the held-out frames); empty without a split.
   std::vector<data::SampleRef> validation;
+  /// What chose `held_out` and `validation` (recorded in checkpoints, compared at --resume).
+  ValidationSetId validation_set;
   std::unique_ptr<data::DataLoader> loader;
 };
 

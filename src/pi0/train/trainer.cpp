@@ -73,6 +73,7 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
       cfg_.data.datasets[i].adapt_to_pi = data_.sources[i].dataset->options().adapt_to_pi;
   }
   checkpointer_.set_config(cfg_);
+  checkpointer_.set_validation_set(data_.validation_set, options_.new_validation_set);
   // --resume: the newest checkpoint that verifies and that this run (world size, batch size, epoch length) can
   // continue, chosen by the Checkpointer before the model is built.
   if (options_.resume) resume_dir_ = checkpointer_.choose_resume(data_.loader->batches_per_epoch());

@@ -30,6 +30,9 @@ namespace pi0::train {
 
 struct RunOptions {
   bool resume = false;  ///< continue from the newest complete checkpoint in checkpoint.run_dir
+  /// With resume: accept a checkpoint written with another held-out validation set (pi0-train
+  /// --new-validation-set); without it such a resume is refused (Checkpointer::set_validation_set).
+  bool new_validation_set = false;
   int64_t rank = 0;
   int64_t world_size = 1;
   /// Data parallel: set when world_size > 1 (rank and world_size must match it). Gradients are averaged over

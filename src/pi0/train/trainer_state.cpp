@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "pi0/common/check.h"
+#include "pi0/common/strings.h"
 
 namespace pi0::train {
 namespace {
@@ -55,6 +56,12 @@ nlohmann::json to_json(const TrainerStateFile& state) {
     j["grad_accum_steps"] = state.grad_accum_steps;
   }
   if (state.val_loss) j["val_loss"] = *state.val_loss;
+  if (const auto& v = state.validation_set) {
+    j["validation_set"] = {{"validation_split", v->validation_split},
+                           {"seed", v->seed},
+                           {"val_samples", v->val_samples},
+                           {"digest", v->digest}};
+  }
   return j;
 }
 
@@ -99,7 +106,42 @@ TrainerStateFile read_trainer_state(const std::string& checkpoint_dir) {
     if (!v.is_number()) throw UserError(file + ": field 'val_loss' must be a number (got " + v.dump() + ")");
     s.val_loss = v.get<double>();
   }
+  if (j.contains("validation_set")) {
+    const auto& v = j.at("validation_set");
+    const auto bad = [&file](const std::string& field, const std::string& expected, const nlohmann::json& got) {
+      return UserError(file + ": field '" + field + "' must be " + expected + " (got " + got.dump() + ")");
+    };
+    if (!v.is_object()) throw bad("validation_set", "an object {validation_split, seed, val_samples, digest}", v);
+    const auto get = [&v](const char* key) { return v.contains(key) ? v.at(key) : nlohmann::json(); };
+    const auto split = get("validation_split"), seed = get("seed"), digest = get("digest");
+    if (!split.is_number()) throw bad("validation_set.validation_split", "a number", split);
+    if (!seed.is_number_integer()) throw bad("validation_set.seed", "an integer", seed);
+    if (!digest.is_string()) throw bad("validation_set.digest", "a string", digest);
+    ValidationSetId id;
+    id.validation_split = split.get<double>();
+    id.seed = seed.get<int64_t>();
+    id.val_samples = read_int(v, "val_samples", "validation_set.val_samples", 0, file);
+    id.digest = digest.get<std::string>();
+    s.validation_set = id;
+  }
   return s;
+}
+
+std::string validation_set_change(const ValidationSetId& recorded, const ValidationSetId& run,
+                                  const std::string& checkpoint_dir) {
+  if (recorded.digest == run.digest) return "";
+  const std::string when = " when checkpoint " + checkpoint_dir + " was written";
+  if (recorded.validation_split != run.validation_split)
+    return "data.validation_split is " + shortest_double(run.validation_split) + " but was " +
+           shortest_double(recorded.validation_split) + when;
+  if (recorded.seed != run.seed)
+    return "train.seed is " + std::to_string(run.seed) + " but was " + std::to_string(recorded.seed) + when;
+  if (recorded.val_samples != run.val_samples)
+    return "train.val_samples is " + std::to_string(run.val_samples) + " but was " +
+           std::to_string(recorded.val_samples) + when;
+  return "the held-out validation set differs from the one checkpoint " + checkpoint_dir + " was written with, " +
+         "though data.validation_split, train.seed and train.val_samples are the same (the datasets or an entry's "
+         "validation_episodes changed)";
 }
 
 ResumePosition resume_position(const TrainerStateFile& state, const std::string& checkpoint_dir,

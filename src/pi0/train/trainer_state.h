@@ -17,6 +17,25 @@ namespace pi0::train {
 
 using io::kTrainerStateFile;
 
+/// What chose a run's held-out validation set, recorded in every checkpoint so that --resume refuses another set:
+/// episodes trained on would become validation episodes (or the other way round), and checkpoint.keep_best would
+/// rank val_loss values measured on different samples. docs/data.md, "Validation split".
+struct ValidationSetId {
+  double validation_split = 0;  ///< data.validation_split, e.g. 0.25
+  int64_t seed = 0;             ///< train.seed: chooses the held-out episodes and each sample's noise and time
+  int64_t val_samples = 0;      ///< train.val_samples, e.g. 64
+  /// XXH3 of the set itself (train::make_data_pipeline): every dataset's held-out frames, the samples a pass
+  /// evaluates and, when there are any, the seed; 16 hex digits. Equal digests are equal sets, whatever the keys.
+  std::string digest;
+};
+
+/// What changed the held-out set between the checkpoint `checkpoint_dir` (`recorded`) and this run (`run`), as one
+/// clause: the first differing key ("data.validation_split is 0.5 but was 0.25 when checkpoint <dir> was written"),
+/// or, with the same keys, that the set itself differs (the datasets or validation_episodes changed). "" when the
+/// digests agree.
+std::string validation_set_change(const ValidationSetId& recorded, const ValidationSetId& run,
+                                  const std::string& checkpoint_dir);
+
 /// The contents of trainer_state.json.
 struct TrainerStateFile {
   int64_t step = 0;             ///< optimizer steps completed
@@ -30,6 +49,8 @@ struct TrainerStateFile {
   int64_t grad_accum_steps = 0;
   /// The validation loss at this step, when a validation pass ran at it (checkpoint.keep_best ranks by it).
   std::optional<double> val_loss;
+  /// The held-out set of the run that wrote it; absent in checkpoints from before it was recorded.
+  std::optional<ValidationSetId> validation_set;
 };
 
 /// The JSON written to a checkpoint (also "loader": rank 0's position, as single-process checkpoints have it).

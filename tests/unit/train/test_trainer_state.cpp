@@ -85,6 +85,42 @@ TEST_CASE("trainer_state.json: another batch size continues at the same sample o
   CHECK_THROWS_WITH(read_trainer_state(dir.str()), Contains(": field 'grad_accum_steps' is missing"));
 }
 
+TEST_CASE("trainer_state.json records the held-out set, and a change names the first key that differs", "[unit][train]") {
+  testing::TempDir dir("pi0state");
+  TrainerStateFile s;
+  s.rank_loaders = {{0, 0}};
+  s.validation_set = ValidationSetId{0.25, 7, 16, "0123456789abcdef"};
+  std::ofstream(dir.str(kTrainerStateFile)) << to_json(s).dump(2);
+  const auto back = read_trainer_state(dir.str()).validation_set;
+  REQUIRE(back.has_value());
+  CHECK(back->validation_split == 0.25);
+  CHECK(back->seed == 7);
+  CHECK(back->val_samples == 16);
+  CHECK(back->digest == "0123456789abcdef");
+  // Older files have none: nothing to compare.
+  std::ofstream(dir.str(kTrainerStateFile)) << R"({"step": 7, "loader": {"epoch": 0, "batch_index": 7}})";
+  CHECK_FALSE(read_trainer_state(dir.str()).validation_set.has_value());
+
+  const ValidationSetId was = *s.validation_set;
+  const std::string when = " when checkpoint ck/3 was written";
+  CHECK(validation_set_change(was, was, "ck/3").empty());
+  auto now = was;
+  now.seed = 8;  // the same digest: the same set, whatever the keys say (a seed chooses nothing without held-out data)
+  CHECK(validation_set_change(was, now, "ck/3").empty());
+  now.digest = "fedcba9876543210";
+  CHECK(validation_set_change(was, now, "ck/3") == "train.seed is 8 but was 7" + when);
+  now.validation_split = 0.5;  // the first key that differs is named
+  CHECK(validation_set_change(was, now, "ck/3") == "data.validation_split is 0.5 but was 0.25" + when);
+  now = was;
+  now.val_samples = 4;
+  now.digest = "fedcba9876543210";
+  CHECK(validation_set_change(was, now, "ck/3") == "train.val_samples is 4 but was 16" + when);
+  now.val_samples = 16;
+  CHECK_THAT(validation_set_change(was, now, "ck/3"),
+             Contains("the held-out validation set differs from the one checkpoint ck/3 was written with, though "
+                      "data.validation_split, train.seed and train.val_samples are the same"));
+}
+
 TEST_CASE("malformed trainer_state.json fields are errors naming the file and the field", "[unit][train]") {
   testing::TempDir dir("pi0state");
   const auto file = dir.str(kTrainerStateFile);
@@ -110,6 +146,17 @@ TEST_CASE("malformed trainer_state.json fields are errors naming the file and th
       {R"({"step": 1, "rank_loaders": [{"epoch": "x", "batch_index": 0}]})",
        ": field 'rank_loaders[0].epoch' must be an integer >= 0 (got \"x\")"},
       {R"({"step": 1, "world_size": 2, "loader": {"epoch": 0, "batch_index": 0}})", ": field 'rank_loaders' is missing"},
+      {R"({"step": 1, "loader": {"epoch": 0, "batch_index": 0}, "validation_set": 3})",
+       ": field 'validation_set' must be an object {validation_split, seed, val_samples, digest} (got 3)"},
+      {R"({"step": 1, "loader": {"epoch": 0, "batch_index": 0}, "validation_set": {"seed": 7, "val_samples": 4,
+           "digest": "ab"}})", ": field 'validation_set.validation_split' must be a number (got null)"},
+      {R"({"step": 1, "loader": {"epoch": 0, "batch_index": 0}, "validation_set": {"validation_split": 0.1,
+           "seed": "7", "val_samples": 4, "digest": "ab"}})", ": field 'validation_set.seed' must be an integer (got \"7\")"},
+      {R"({"step": 1, "loader": {"epoch": 0, "batch_index": 0}, "validation_set": {"validation_split": 0.1,
+           "seed": 7, "val_samples": -1, "digest": "ab"}})",
+       ": field 'validation_set.val_samples' must be an integer >= 0 (got -1)"},
+      {R"({"step": 1, "loader": {"epoch": 0, "batch_index": 0}, "validation_set": {"validation_split": 0.1,
+           "seed": 7, "val_samples": 4, "digest": 12}})", ": field 'validation_set.digest' must be a string (got 12)"},
   };
   for (const auto& c : cases) {
     INFO(c.json);
