@@ -65,8 +65,18 @@ torch::Tensor model_actions(const io::Bundle& bundle, const torch::Tensor& robot
                                         source + ": prev_action_chunk"));
     a = torch::stack(per);
   }
-  if (mode != data::NormMode::kNone)
+  if (mode != data::NormMode::kNone) {
     a = data::normalize(a, bundle.norm_stats.at("actions"), mode, source + ": prev_action_chunk");
+    // Finite rows (checked as sent) can still leave float32's range here: values far beyond the policy's
+    // action range, or stats with a near-zero scale. Said as such, not as a non-finite value the robot never sent.
+    if (const auto bad = torch::logical_not(torch::isfinite(a)).nonzero(); bad.size(0) > 0) {
+      const int64_t b = bad[0][0].item<int64_t>(), row = bad[0][1].item<int64_t>(), dim = bad[0][2].item<int64_t>();
+      throw UserError(source + ": prev_action_chunk overflows after normalisation: row " + std::to_string(row) +
+                      ", dim " + std::to_string(dim) + " is " + c10::str(robot_BRD[b][row][dim].item<double>()) +
+                      ", beyond float32's range once normalized with this policy's norm stats; expected actions in "
+                      "the robot's range, as this policy returned them");
+    }
+  }
   if (a.size(-1) > model_dim)
     throw UserError(source + ": prev_action_chunk has " + std::to_string(a.size(-1)) + " dims per row; the model takes at most " +
                     std::to_string(model_dim));
@@ -125,15 +135,23 @@ model::RtcRequest rtc_request(const io::Bundle& bundle, const RtcSettings& setti
   model::RtcRequest r;
   r.guidance = settings.guidance;
   r.delay = chunk.delay;
-  r.execute_horizon = chunk.execute_horizon;
+  r.execute_horizon = chunk.execute_horizon.value_or(-1);  // the model's "all rows"
   if (settings.mode == "off") return r;  // mode stays off: plain sampling
+  const int64_t h = bundle.config.model.action_horizon;
+  // Checked once the delay is known to be valid; without rows the delay is 0, so the range is 0..H.
+  auto check_execute_horizon = [&] {
+    if (chunk.execute_horizon && (*chunk.execute_horizon < chunk.delay || *chunk.execute_horizon > h))
+      throw UserError(source + ": execute_horizon is " + std::to_string(*chunk.execute_horizon) + "; expected " +
+                      std::to_string(chunk.delay) + ".." + std::to_string(h) +
+                      " (from inference_delay to the action horizon)");
+  };
   if (!chunk.robot_rows.defined()) {
     if (chunk.delay != 0)
       throw UserError(source + ": inference_delay is " + std::to_string(chunk.delay) +
                       " but no prev_action_chunk was given; expected the rows it counts (or no inference_delay)");
+    check_execute_horizon();
     return r;
   }
-  const int64_t h = bundle.config.model.action_horizon;
   const auto& rows = chunk.robot_rows;
   if (rows.dim() != 3 || rows.size(1) == 0)
     throw UserError(source + ": prev_action_chunk must hold at least one row of actions");
@@ -142,9 +160,7 @@ model::RtcRequest rtc_request(const io::Bundle& bundle, const RtcSettings& setti
   r.prev = model_actions(bundle, rows, raw_state_BS, source);
   r.mode = model::RtcMode::kGuided;
   model::check_rtc_request(r, h, bundle.config.model.action_dim, source);
-  if (chunk.execute_horizon != -1 && (chunk.execute_horizon < chunk.delay || chunk.execute_horizon > h))
-    throw UserError(source + ": execute_horizon is " + std::to_string(chunk.execute_horizon) + "; expected " +
-                    std::to_string(chunk.delay) + ".." + std::to_string(h) + " (from inference_delay to the horizon)");
+  check_execute_horizon();
   const int64_t trained = trained_max_delay(bundle);
   if (settings.mode == "trained") {
     if (chunk.delay > trained)

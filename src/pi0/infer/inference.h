@@ -64,22 +64,24 @@ int64_t trained_max_delay(const io::Bundle& bundle);
 
 /// A previous chunk as a robot sends it: the rows of the last answer it has not executed when it captured this
 /// observation (robot units, row 0 next), how many of them execute before this answer arrives, and the end of
-/// guided mode's soft region (−1: all rows given).
+/// guided mode's soft region.
 struct PreviousChunk {
   torch::Tensor robot_rows;  ///< [B,R,D] float32
   int64_t delay = 0;
-  int64_t execute_horizon = -1;
+  /// Absent: all rows given. The default is the key's absence, never a value: a client cannot send it by mistake.
+  std::optional<int64_t> execute_horizon;
 };
 
 /// A PreviousChunk from the tensors of an observation's data::previous_chunk_keys() (undefined: the key is absent):
 /// `prev_action_chunk` numbers [R,D] (a batch of 1) or [batch,R,D]; `inference_delay` (absent: 0) and
-/// `execute_horizon` (absent: −1) whole numbers, 0-d or of one element. UserError starting with `source` and naming the key for a wrong shape or type or a
+/// `execute_horizon` (absent: nullopt) whole numbers, 0-d or of one element. UserError starting with `source` and naming the key for a wrong shape or type or a
 /// non-finite row; the values against each other, the horizon and the policy are rtc_request's to check.
 PreviousChunk previous_chunk(const torch::Tensor& prev_action_chunk, const torch::Tensor& inference_delay,
                              const torch::Tensor& execute_horizon, int64_t batch, const std::string& source);
 
 /// The model's request for `chunk` under `settings`: checked (UserError naming `source`: wrong dims, non-finite
-/// rows, a delay beyond the rows or the horizon, trained mode beyond the bundle's trained delay), mapped to model
+/// rows or rows that overflow once normalized, a delay beyond the rows or the horizon, an execute_horizon outside
+/// inference_delay..H, with rows or without, trained mode beyond the bundle's trained delay), mapped to model
 /// space with `raw_state_BS`, its mode resolved (auto: trained when trained_max_delay ≥ delay > 0, else guided).
 model::RtcRequest rtc_request(const io::Bundle& bundle, const RtcSettings& settings, const PreviousChunk& chunk,
                               const torch::Tensor& raw_state_BS, const std::string& source);

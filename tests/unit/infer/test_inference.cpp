@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <limits>
 
 #include "pi0/config/config.h"
 #include "pi0/data/aloha.h"
@@ -147,6 +148,14 @@ TEST_CASE("model_actions inverts robot_actions for z-score and quantile stats an
   b.norm_stats.keys["actions"] = action_stats(kDims);
   CHECK_THROWS_WITH(infer::model_actions(b, torch::zeros({1, 3, 15}), torch::zeros({1, kDims}), "observation"),
                     Contains("observation: prev_action_chunk has 15 dims per row; this policy's actions have 14"));
+  // Finite rows that leave float32's range once normalized: said as such. z-score divides by std + 1e-6, so a row at
+  // float32's largest value overflows in a dim whose std is below 1.
+  REQUIRE(b.norm_stats.at("actions").std[0] + 1e-6 < 0.99);
+  auto huge = torch::zeros({1, 3, kDims});
+  huge[0][1][0] = std::numeric_limits<float>::max();
+  CHECK_THROWS_WITH(infer::model_actions(b, huge, torch::zeros({1, kDims}), "observation"),
+                    Contains("observation: prev_action_chunk overflows after normalisation: row 1, dim 0 is ") &&
+                        !Contains("non-finite"));
 }
 
 TEST_CASE("previous_chunk reads the keys as rows and whole numbers and names the key of a bad one", "[unit][infer]") {
@@ -160,7 +169,7 @@ TEST_CASE("previous_chunk reads the keys as rows and whole numbers and names the
   const auto none = infer::previous_chunk({}, {}, {}, 1, "obs");
   CHECK_FALSE(none.robot_rows.defined());
   CHECK(none.delay == 0);
-  CHECK(none.execute_horizon == -1);
+  CHECK_FALSE(none.execute_horizon.has_value());  // absent, not a value a client could send
   CHECK(infer::previous_chunk(torch::rand({2, 3, 7}), torch::scalar_tensor(2.0), {}, 2, "obs").delay == 2);  // np.round()
   CHECK(infer::previous_chunk(torch::ones({3, 7}, torch::kLong), {}, {}, 1, "obs").robot_rows.scalar_type() == torch::kFloat32);
 

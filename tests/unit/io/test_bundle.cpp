@@ -257,6 +257,16 @@ TEST_CASE("bundles carry a manifest: loading refuses a changed file or a relabel
     CHECK_THROWS_WITH(io::load_bundle(dir.str("bundle")),
                       Contains(model) && Contains("'action_out_proj.weight'") && Contains("non-finite"));
   }
+  SECTION("assets/<id> linked to a folder outside the bundle is followed: a bundle is trusted input") {
+    // docs/formats.md: the manifest guards against accidents, not against whoever wrote the directory; the linked
+    // stats are still checked against it, so a different file there is refused.
+    const auto stats = io::load_bundle(dir.str("bundle")).norm_stats.at("state").mean;
+    fs::rename(dir.str("bundle/assets/tiny"), dir.str("outside"));
+    fs::create_directory_symlink(dir.str("outside"), dir.str("bundle/assets/tiny"));
+    CHECK(io::load_bundle(dir.str("bundle")).norm_stats.at("state").mean == stats);
+    std::ofstream(dir.str("outside/norm_stats.json"), std::ios::app) << " ";
+    CHECK_THROWS_WITH(io::load_bundle(dir.str("bundle")), Contains("norm_stats.json"));
+  }
   SECTION("export verifies the checkpoint") {
     io::write_manifest(run.checkpoint, std::nullopt);
     CHECK_NOTHROW(io::export_bundle(run.checkpoint, dir.str("b2"), {}));

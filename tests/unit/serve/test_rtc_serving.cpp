@@ -231,6 +231,16 @@ TEST_CASE("pi0-serve real-time chunking: a bad previous chunk gets one error lin
     f = libero_fields(1);
     f["inference_delay"].tensor = torch::scalar_tensor(2, torch::kLong);
     bad.push_back({"delay without rows", f, "inference_delay is 2 but no prev_action_chunk was given"});
+    // The default is an absent key: -1 is no value a client can send, and the range holds with rows or without.
+    f = continuing(1, rows, 0);
+    f["execute_horizon"].tensor = torch::scalar_tensor(-1, torch::kLong);
+    bad.push_back({"execute_horizon -1", f, "observation: execute_horizon is -1; expected 0..4 (from inference_delay "
+                                            "to the action horizon)"});
+    for (const int64_t h : {kHorizon + 95, int64_t{-3}}) {
+      f = libero_fields(1);
+      f["execute_horizon"].tensor = torch::scalar_tensor(h, torch::kLong);
+      bad.push_back({"execute_horizon without rows", f, "execute_horizon is " + std::to_string(h) + "; expected 0..4"});
+    }
     f = continuing(1, rows, 1);
     f["inference_delay"].tensor = torch::scalar_tensor(1.5, torch::kFloat64);
     bad.push_back({"fractional delay", f, "'inference_delay' is 1.5, expected a whole number"});
@@ -330,6 +340,18 @@ TEST_CASE("pi0-infer continues a previous chunk from its observation file as pi0
   CHECK(e.code == 2);
   CHECK_THAT(e.err, Contains("pi0-infer: error: " + obs + ": inference_delay is 5; expected 0..3"));
   CHECK(std::count(e.err.begin(), e.err.end(), '\n') == 1);
+
+  // execute_horizon -1 is no default a file can give (the default is its absence): outside d..H, exit 2.
+  io::save_safetensors(obs, {{"state", fields.at("observation/state").tensor.to(torch::kFloat32).unsqueeze(0)},
+                             {"image/base_0_rgb", fields.at("observation/image").tensor.unsqueeze(0)},
+                             {"prev_action_chunk", rows},
+                             {"inference_delay", torch::tensor({kTrainedDelay})},
+                             {"execute_horizon", torch::tensor({-1})}});
+  const auto h = testing::run_app_process("pi0-infer", common, dir);
+  INFO("stderr: " << h.err);
+  CHECK(h.code == 2);
+  CHECK_THAT(h.err, Contains("pi0-infer: error: " + obs + ": execute_horizon is -1; expected 2..4"));
+  CHECK(std::count(h.err.begin(), h.err.end(), '\n') == 1);
 }
 
 TEST_CASE("pi0-serve and pi0-infer: bad --rtc flag values are one-line errors with exit code 2", "[serve]") {
