@@ -3,6 +3,10 @@
 //   bench_infer [--config configs/pi05_libero.yaml] [--device cpu|cuda] [--dtype bf16|float32]
 //               [--cameras 1,3] [--batches 1,8] [--iters N] [--warmup W] [--json out.json] [--cuda-graph off,on]
 //               [--fused on,off] [--rtc off,trained,guided-identity,guided-exact] [--rtc-delay 5]
+//               [--profile DIR [--profile-calls 3]]
+// --profile: after each row's timed calls, --profile-calls more recorded by the profiler (common/profiler.h,
+// docs/profiling.md) into DIR/<row>/ (trace.json, profile.txt, profile.json): the prefix pass and the denoising
+// steps as phases, the operations and (on CUDA) the kernels, replayed CUDA graphs included, and the GPU's idle time.
 // --cuda-graph: rows with the whole call (prefix pass and denoising loop) replayed as CUDA graphs ("on") and
 // launched op by op ("off"). --fused: on the simplified weights (model/fused_inference.h) or through the modules.
 // Each row also counts the ATen operations dispatched by the prefix pass and by one denoise step (common/op_count.h,
@@ -25,6 +29,7 @@
 #include "pi0/app/cli.h"
 #include "pi0/common/check.h"
 #include "pi0/common/op_count.h"
+#include "pi0/common/profiler.h"
 #include "pi0/nn/param_device.h"
 #include "pi0/config/config.h"
 #include "pi0/model/model_config.h"
@@ -40,6 +45,8 @@ struct Args {
   std::vector<std::string> cuda_graph = {"off"}, fused = {"on"}, rtc = {"off"};
   int iters = 20, warmup = 3;
   int64_t rtc_delay = 5;
+  std::string profile;    ///< non-empty: profile each row into <profile>/<row>
+  int profile_calls = 3;  ///< sampling calls recorded per row
 };
 
 // Flags through the shared command-line layer (--help lists them); std::nullopt when --help/--version answered.
@@ -65,6 +72,13 @@ std::optional<Args> parse_args(int argc, char** argv) {
       ->check(app::one_of({"off", "trained", "guided-identity", "guided-exact"}));
   cli->add_option("--rtc-delay", a.rtc_delay, "inference_delay of the --rtc rows (at most the action horizon - 1)")
       ->check(app::int_in(0));
+  auto* profile = cli->add_option("--profile", a.profile,
+                                  "after each row's timed calls, record --profile-calls more with the profiler into "
+                                  "DIR/<row>/: trace.json, profile.txt, profile.json (docs/profiling.md)")
+                      ->check(app::non_empty());
+  cli->add_option("--profile-calls", a.profile_calls, "with --profile: sampling calls recorded per row")
+      ->check(app::int_in(1))
+      ->needs(profile);
   if (app::parse(*cli, argc, argv)) return std::nullopt;
   return a;
 }
@@ -94,6 +108,7 @@ int bench_main(int argc, char** argv) {
   if (!parsed) return 0;
   const Args& a = *parsed;
   const torch::Device device = app::parse_device("--device", a.device);
+  if (!a.profile.empty()) make_profile_dir(a.profile, "--profile");
   const auto cfg = config::load_config(a.config);
   const auto opts = model::options_from_config(cfg.model);
   torch::NoGradGuard no_grad;
@@ -117,6 +132,7 @@ int bench_main(int argc, char** argv) {
             << "| cameras | batch | fused | cuda graph | rtc | prefix ms | per step ms | total ms | chunks/s | prefix ops "
                "top/all | step ops top/all |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
   nlohmann::json rows = nlohmann::json::array();
+  std::string profile_summaries;  // printed after the table
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   for (const auto& fused : a.fused)
   for (const auto& graph : a.cuda_graph)
@@ -156,18 +172,40 @@ int bench_main(int argc, char** argv) {
       step.push_back((t.total_ms() - t.prefix_ms) / static_cast<double>(t.step_ms.size()));
       total.push_back(t.total_ms());
     }
+    std::string profile_summary;
+    if (!a.profile.empty()) {  // after the timed calls, so their figures are the profiler's overhead free
+      ProfilerOptions po;
+      po.dir = a.profile + "/cams" + std::to_string(cams) + "_b" + std::to_string(batch) + "_fused-" + fused +
+               "_graph-" + graph + "_rtc-" + rtc_mode;
+      po.steps = a.profile_calls;
+      po.wait_steps = 0;
+      po.step_name = phase::kSample;
+      Profiler profiler(po);
+      for (int i = 0; i < a.profile_calls; ++i) {
+        profiler.begin_step();
+        m->sample_actions(obs, noise, 10, true, nullptr, &rtc);
+        profiler.end_step();
+      }
+      profile_summary = "\n### " + po.dir + "\n\n" + phase_summary(profiler.report()->format()) + "\n";
+    }
     const double chunks_per_s = 1000.0 * static_cast<double>(batch) / median(total);
     std::printf("| %lld | %lld | %s | %s | %s | %.2f | %.2f | %.2f | %.1f | %lld / %lld | %lld / %lld |\n",
                 static_cast<long long>(cams), static_cast<long long>(batch), fused.c_str(), graph.c_str(),
                 rtc_mode.c_str(), median(prefix), median(step), median(total), chunks_per_s,
                 static_cast<long long>(prefix_ops.top), static_cast<long long>(prefix_ops.all),
                 static_cast<long long>(step_ops.top), static_cast<long long>(step_ops.all));
+    profile_summaries += profile_summary;
     std::fflush(stdout);
     rows.push_back({{"cameras", cams}, {"batch", batch}, {"fused", fused == "on"}, {"cuda_graph", graph == "on"},
                     {"rtc", rtc_mode}, {"rtc_delay", rtc_mode == "off" ? 0 : rtc_delay},
                     {"prefix_ms", median(prefix)}, {"step_ms", median(step)}, {"total_ms", median(total)},
                     {"chunks_per_s", chunks_per_s}, {"prefix_ops_top", prefix_ops.top}, {"prefix_ops_all", prefix_ops.all},
                     {"step_ops_top", step_ops.top}, {"step_ops_all", step_ops.all}});
+  }
+  if (!profile_summaries.empty()) {
+    std::cout << "\nProfiles (--profile " << a.profile << ", " << a.profile_calls
+              << " calls of 10 steps per row; the whole table in each folder's profile.txt)\n"
+              << profile_summaries;
   }
   if (!a.json.empty()) {
     std::ofstream(a.json) << nlohmann::json{{"config", a.config}, {"device", a.device}, {"dtype", a.dtype},

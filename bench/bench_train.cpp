@@ -3,7 +3,10 @@
 //   bench_train [--config configs/bench_cpu.yaml] [--steps N] [--warmup W] [--batches 4,8]
 //               [--precisions float32,bf16-mixed] [--workers 2] [--no-augment] [--threads T]
 //               [--json out.json] [--dir DIR] [--tokenizer PATH] [--device cuda] [--peak-tflops 989]
-//               [--freeze PRESET] [--checkpointing-modes 0,1] [--save-checkpoint]
+//               [--freeze PRESET] [--checkpointing-modes 0,1] [--save-checkpoint] [--profile DIR [--profile-steps 2]]
+// --profile: each row runs --profile-steps more steps after its timed ones, recorded by the profiler
+// (common/profiler.h, docs/profiling.md) into DIR/<row>/ (trace.json, profile.txt, profile.json); the timed steps
+// are not profiled. The row's phase table is printed after the results.
 // GPU mode (--device cuda): the same rows on the GPU; peak memory is then the CUDA caching allocator's peak
 // allocation, and --peak-tflops (the device's dense bf16 peak, 989 for an H100 SXM) adds model FLOPs utilization.
 // Rows are independent: a configuration that runs out of memory is tried once more at half the batch, and the row
@@ -47,6 +50,7 @@
 #include "pi0/app/cli.h"
 #include "pi0/common/check.h"
 #include "pi0/common/fs.h"
+#include "pi0/common/profiler.h"
 #include "pi0/common/threads.h"
 #include "pi0/config/config.h"
 #include "pi0/data/config_options.h"
@@ -85,6 +89,8 @@ struct Args {
   std::string offload = "none";  ///< train.offload for every row
   int64_t grad_accum = 1;        ///< train.grad_accum_steps for every row (the batch is the global one)
   double gpu_gib = 0;            ///< > 0: cap the CUDA caching allocator at this many GiB (emulates a smaller card)
+  std::string profile;           ///< non-empty: profile each row into <profile>/<row> (a child: its own folder)
+  int profile_steps = 2;         ///< steps profiled after the timed ones
   // child mode
   bool child = false;
   std::string precision = "float32";
@@ -128,6 +134,13 @@ std::optional<Args> parse_args(int argc, char** argv) {
   cli->add_option("--gpu-gib", a.gpu_gib,
                   "cap the CUDA caching allocator at this many GiB (setMemoryFraction): a 24 GB card is --gpu-gib 22");
   cli->add_flag("--save-checkpoint", a.save_checkpoint, "also save the final checkpoint (off: benchmarks measure steps)");
+  auto* profile = cli->add_option("--profile", a.profile,
+                                  "after each row's timed steps, record --profile-steps more with the profiler into "
+                                  "DIR/<row>/: trace.json, profile.txt, profile.json (docs/profiling.md)")
+                      ->check(app::non_empty());
+  cli->add_option("--profile-steps", a.profile_steps, "with --profile: steps recorded per row")
+      ->check(app::int_in(1))
+      ->needs(profile);
   // One configuration in a fresh process (the parent runs this binary with them).
   cli->add_flag("--child", a.child, "internal: run one configuration")->group("");
   cli->add_option("--precision", a.precision, "internal")->group("");
@@ -177,7 +190,7 @@ config::Config bench_config(const Args& a, int64_t batch) {
   cfg.train.offload = a.offload;
   cfg.train.grad_accum_steps = a.grad_accum;
   if (!a.freeze.empty()) cfg.train.freeze = a.freeze;
-  cfg.train.num_steps = a.warmup + a.steps;
+  cfg.train.num_steps = a.warmup + a.steps + (a.profile.empty() ? 0 : a.profile_steps);
   cfg.train.log_interval = 1;
   cfg.train.lr_warmup_steps = 1;
   cfg.train.lr_decay_steps = cfg.train.num_steps;
@@ -238,6 +251,12 @@ int run_child(const Args& a) {
   try {
     train::RunOptions options;
     options.final_checkpoint = a.save_checkpoint;
+    if (!a.profile.empty()) {  // the steps after the timed ones
+      options.profile.emplace();
+      options.profile->dir = a.profile;
+      options.profile->steps = a.profile_steps;
+      options.profile->wait_steps = a.warmup + a.steps;
+    }
     train::Trainer trainer(cfg, options);
     checkpointed = trainer.model()->checkpointed_layers();
     base_mib = proc_status_mib("VmRSS");
@@ -267,7 +286,8 @@ int run_child(const Args& a) {
   }
   std::vector<double> step_s, cpu_s;
   for (const auto& r : train::read_metrics((run_dir / "metrics.jsonl").string())) {
-    if (r.at("step").get<int64_t>() <= a.warmup) continue;
+    const auto step = r.at("step").get<int64_t>();
+    if (step <= a.warmup || step > a.warmup + a.steps) continue;  // warm-up, profiled
     step_s.push_back(r.at("step_time_s").get<double>());
     cpu_s.push_back(r.at("step_cpu_s").get<double>());
   }
@@ -301,6 +321,12 @@ int run_child(const Args& a) {
   return 0;
 }
 
+/// The folder of one row's profile: <--profile>/<precision>_ckpt-<mode>_b<batch>.
+std::string profile_row_dir(const Args& a, const std::string& precision, const std::string& checkpointing,
+                            int64_t batch) {
+  return (fs::path(a.profile) / (precision + "_ckpt-" + checkpointing + "_b" + std::to_string(batch))).string();
+}
+
 /// Parent: runs one configuration in a fresh process and returns its result: the child's JSON ("status" ok or
 /// "out of memory"), or {"status": "failed (...)"} if it died or wrote nothing. Never throws for a child's failure.
 nlohmann::json spawn_child(const Args& a, const std::string& precision, const std::string& checkpointing,
@@ -315,6 +341,10 @@ nlohmann::json spawn_child(const Args& a, const std::string& precision, const st
                                    "--offload", a.offload, "--grad-accum", std::to_string(a.grad_accum),
                                    "--gpu-gib", std::to_string(a.gpu_gib)};
   if (!a.freeze.empty()) args.insert(args.end(), {"--freeze", a.freeze});
+  if (!a.profile.empty()) {
+    args.insert(args.end(), {"--profile", profile_row_dir(a, precision, checkpointing, batch), "--profile-steps",
+                             std::to_string(a.profile_steps)});
+  }
   if (!a.augment) args.push_back("--no-augment");
   if (a.save_checkpoint) args.push_back("--save-checkpoint");
   std::vector<char*> argv;
@@ -360,6 +390,10 @@ std::string fmt(const char* f, double v) {
 
 int run_parent(Args a) {
   spdlog::set_level(spdlog::level::warn);
+  if (!a.profile.empty()) {  // refused before anything is written
+    make_profile_dir(a.profile, "--profile");
+    a.profile = fs::absolute(a.profile).string();
+  }
   const bool created_dir = fs::create_directories(a.dir);
   a.dir = fs::absolute(a.dir).string();
   a.config = fs::absolute(a.config).string();
@@ -468,6 +502,19 @@ int run_parent(Args a) {
                       {"step_time_ratio_median", time_med},
                       {"step_time_ratio_best", time_best},
                       {"step_cpu_ratio_median", cpu_med}});
+  }
+  if (!a.profile.empty()) {
+    std::printf("\nProfiles (--profile %s, %d steps after the timed ones; the whole table in each folder's "
+                "profile.txt, the trace in trace.json)\n", a.profile.c_str(), a.profile_steps);
+    for (auto& r : rows) {
+      if (r["status"] != "ok") continue;
+      const auto dir = profile_row_dir(a, r["precision"].get<std::string>(), r["checkpointing_mode"].get<std::string>(),
+                                       r["batch"].get<int64_t>());
+      r["profile_dir"] = dir;
+      std::ifstream f(fs::path(dir) / "profile.txt");
+      const std::string table((std::istreambuf_iterator<char>(f)), {});
+      std::printf("\n### %s\n\n%s", dir.c_str(), table.empty() ? "(no profile written)\n" : phase_summary(table).c_str());
+    }
   }
   if (!a.json.empty()) {
     nlohmann::json j = {{"config", a.config}, {"steps", a.steps},       {"warmup", a.warmup},

@@ -1,7 +1,7 @@
 // pi0-train: fine-tune pi0 / pi0.5 from a YAML config.
 //   pi0-train --config run.yaml [--set section.key=value ...] [--resume [--new-validation-set]]
 //             [--print-params [--world-size N] [--json]]
-//             [--dump-batches N DIR]
+//             [--dump-batches N DIR] [--profile-steps N [--profile-dir DIR]]
 // Data parallel: launch one process per GPU (or CPU rank) with torchrun --no-python or SLURM srun; the rank, world
 // size and rendezvous come from the environment (see docs/distributed.md).
 // Exit codes: 0 done (or stopped by SIGINT/SIGTERM: after saving, or before the first step with nothing to save),
@@ -18,6 +18,7 @@
 #include "pi0/common/check.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/common/logging.h"
+#include "pi0/common/profiler.h"
 #include "pi0/common/threads.h"
 #include "pi0/config/config.h"
 #include "pi0/distributed/dist_env.h"
@@ -35,7 +36,19 @@ struct Args {
   bool resume = false, new_validation_set = false, print_params = false, json = false, reference = false;
   int64_t world_size = 0;  ///< --world-size; 0: the launcher's WORLD_SIZE (1 outside a launched job)
   std::vector<std::string> dump;  ///< --dump-batches N DIR
+  int64_t profile_steps = 0;      ///< --profile-steps N: steps the profiler records (0: off)
+  std::string profile_dir;        ///< --profile-dir DIR; empty: <checkpoint.run_dir>/profile
 };
+
+// --profile-steps/--profile-dir as the trainer's profiler options; an explicit folder is made now, so a bad one is
+// refused before the model is built rather than after the first step.
+pi0::ProfilerOptions profiler_options(const Args& args, const pi0::config::Config& cfg) {
+  pi0::ProfilerOptions p;
+  p.steps = args.profile_steps;
+  p.dir = args.profile_dir.empty() ? cfg.checkpoint.run_dir + "/profile" : args.profile_dir;
+  if (!args.profile_dir.empty()) pi0::make_profile_dir(p.dir, "--profile-dir");
+  return p;
+}
 
 // The N of --dump-batches N DIR.
 int64_t dump_count(const std::string& text) {
@@ -110,6 +123,15 @@ int train_main(int argc, char** argv) {
                   "sees them, state, actions, prompt tokens; docs/data.md), then exit")
       ->expected(2)
       ->type_name("N DIR");
+  auto* profile = cli->add_option("--profile-steps", args.profile_steps,
+                                  "record N training steps with the profiler, after one unrecorded step, and write a "
+                                  "Chrome/Perfetto trace and a table of where each step's time goes (docs/profiling.md)")
+                      ->check(pi0::app::int_in(1));
+  cli->add_option("--profile-dir", args.profile_dir,
+                  "with --profile-steps: the folder for trace.json, profile.txt and profile.json (default: "
+                  "<checkpoint.run_dir>/profile)")
+      ->check(pi0::app::non_empty())
+      ->needs(profile);
   cli->add_flag("--config-reference", args.reference, "print every config key with its default (markdown) and exit");
   cli->footer("Exit codes: 0 done (or stopped by SIGINT/SIGTERM), 1 internal error, 2 bad input (one line on stderr "
               "naming the flag, key or file), 3 training diverged or out of memory, 4 distributed failure.");
@@ -130,6 +152,7 @@ int train_main(int argc, char** argv) {
 
   pi0::train::RunOptions run;
   run.resume = args.resume;
+  if (args.profile_steps > 0) run.profile = profiler_options(args, cfg);
   run.new_validation_set = args.new_validation_set;
   const auto env = pi0::distributed::dist_env_from_environment();
   run.rank = env.rank;

@@ -18,6 +18,7 @@
 #endif
 
 #include "pi0/common/check.h"
+#include "pi0/common/profiler.h"
 #include "pi0/model/flow_matching.h"
 #include "pi0/model/fused_inference.h"
 #include "pi0/nn/attention_mask.h"
@@ -522,9 +523,13 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
     clock = std::chrono::steady_clock::now();
     return ms;
   };
+  // The profiler's ranges (common/profiler.h): the prefix pass, then the denoising steps.
+  ProfileScope prefix_range(phase::kPrefix);
   if (!use_kv_cache) {
     auto prefix = embed_prefix(obs);
     if (timing) timing->prefix_ms = lap();
+    prefix_range.end();
+    ProfileScope denoise_range(phase::kDenoise);
     const float dt = -1.0f / static_cast<float>(num_steps);
     float t = 1.0f;
     for (int64_t step = 0; step < num_steps; ++step) {
@@ -594,6 +599,8 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
     }
     slot->prefix_graph.replay();
     if (timing) timing->prefix_ms = lap();
+    prefix_range.end();
+    ProfileScope denoise_range(phase::kDenoise);
     slot->denoise_graph.replay();
     x = slot->x_out.clone();
     if (timing) {
@@ -605,6 +612,8 @@ torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torc
 #endif
   auto pre = prefill(obs, fused);
   if (timing) timing->prefix_ms = lap();
+  prefix_range.end();
+  ProfileScope denoise_range(phase::kDenoise);
   const auto state = obs.state.to(f32);
   std::function<void()> after_step;
   if (timing) after_step = [&] { timing->step_ms.push_back(lap()); };

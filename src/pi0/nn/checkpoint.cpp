@@ -2,6 +2,8 @@
 
 #include <atomic>
 
+#include "pi0/common/profiler.h"
+
 namespace pi0::nn {
 namespace {
 
@@ -71,6 +73,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     variable_list outputs;
     {
       ++g_recomputations;
+      ProfileScope recompute(phase::kRecompute);  // inside backward's range in the profiler's table
       torch::AutoGradMode enable_grad(true);
       outputs = compact(holder->fn(expand(detached, holder->input_defined)));
     }

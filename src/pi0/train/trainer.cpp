@@ -18,6 +18,7 @@
 #include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/common/interrupt.h"
+#include "pi0/common/profiler.h"
 #include "pi0/distributed/consistency.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/model/flow_matching.h"
@@ -37,6 +38,22 @@ namespace pi0::train {
 namespace fs = pi0::posix_fs;
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// The profiler of this rank (--profile-steps): as many of the steps as are left; rank r > 0 writes into <dir>/rank<r>.
+ProfilerOptions rank_profiler_options(ProfilerOptions o, int64_t rank, int64_t steps_left) {
+  if (rank > 0) o.dir = (fs::path(o.dir) / ("rank" + std::to_string(rank))).string();
+  return o.fit(steps_left);
+}
+
+void log_profile(const Profiler& profiler, int64_t rank) {
+  if (rank != 0 || !profiler.report()) return;
+  spdlog::info("profile written to {} (trace.json, profile.txt, profile.json; docs/profiling.md says how to read "
+               "them):\n{}", profiler.options().dir, profiler.report()->format(10));
+}
+
+}  // namespace
 
 Trainer::Trainer(config::Config cfg, RunOptions options)
     : cfg_(std::move(cfg)),
@@ -191,6 +208,7 @@ void Trainer::build_model() {
     offload_ = std::make_unique<OptimizerOffload>(*model_, placement_, device_, /*norms_as_they_arrive=*/!pg_);
     // The next forward starts while the host still updates: each layer waits for its own weights.
     model_->set_layer_gate([offload = offload_.get()](model::LayerStack stack, int64_t layer) {
+      ProfileScope wait(phase::kOffloadWait);
       offload->wait_for_layer(stack, layer);
     });
   }
@@ -278,14 +296,23 @@ int64_t Trainer::run() {
   interruption_point();  // nothing has been written yet: a stop requested during start-up ends here
   const int64_t first_step = step_;
   open_run_dir();
+  // --profile-steps (common/profiler.h): the coming steps recorded; the loop only marks where each step begins and
+  // ends, the phases are ranges where their work happens.
+  std::optional<Profiler> profiler;
+  if (options_.profile) profiler.emplace(rank_profiler_options(*options_.profile, options_.rank, t.num_steps - step_));
   while (step_ < t.num_steps) {
+    if (profiler) profiler->begin_step();
     const double lr = warmup_cosine_lr(step_, t.lr_warmup_steps, t.lr_peak, t.lr_decay_steps, t.lr_end);
-    const StepResult result = train_step(next_micro_batches(), lr);
+    ProfileScope data_wait(phase::kDataWait);
+    auto micro_batches = next_micro_batches();
+    data_wait.end();
+    const StepResult result = train_step(micro_batches, lr);
     // A skipped step (non-finite loss, within train.max_nonfinite_skips) counts: its data and noise are consumed,
     // and it is saved and stopped at like any other.
     ++step_;
     if (!result.skipped) {
       if (pg_ && step_ == first_step + 1) log_held_state();
+      ProfileScope metrics(phase::kMetrics);
       metrics_->log(step_, result.loss, result.grad_norm, lr);
     }
     const bool save = step_ % ck.save_interval == 0 || (step_ == t.num_steps && options_.final_checkpoint) || result.stop;
@@ -293,19 +320,28 @@ int64_t Trainer::run() {
     // Not at a stop signal: the run should end promptly.
     if (!data_.validation.empty() && !result.stop &&
         (step_ % config::val_interval(cfg_) == 0 || step_ == t.num_steps || (save && ck.keep_best > 0))) {
+      ProfileScope validating(phase::kValidate);
       const auto t0 = Clock::now();
       const auto v = validate();
       last_val_.emplace(step_, v->loss);
       metrics_->log_validation(step_, v->loss, v->action_mse, v->samples,
                                std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    if (save) save_checkpoint();
+    if (save) {
+      ProfileScope saving(phase::kCheckpoint);
+      save_checkpoint();
+    }
+    if (profiler && profiler->end_step()) log_profile(*profiler, options_.rank);
     if (result.stop) {
       const std::string why = stop_signal() ? "stop signal " + std::to_string(stop_signal()) + " received"
                                             : std::string("another rank received a stop signal");
       spdlog::warn("{}: saved step {} and stopping (resume with --resume)", why, step_);
       break;
     }
+  }
+  if (profiler && profiler->recording()) {  // stopped before the last recorded step: what was recorded
+    profiler->finish();
+    log_profile(*profiler, options_.rank);
   }
   if (options_.rank == 0 && step_ == first_step) spdlog::info("nothing to do: already at step {}", step_);
   if (offload_) offload_->finish_update();  // run() returns with the last step's update done
@@ -388,8 +424,12 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   // and read once after the loop: reading each one would stall the GPU stream once per micro-batch.
   torch::Tensor loss_sum;
   for (int64_t micro = 0; micro < n_micro; ++micro) {
-    if (offload_) offload_->before_forward(micro, n_micro);
+    if (offload_) {
+      ProfileScope offload(phase::kOffload);
+      offload_->before_forward(micro, n_micro);
+    }
     grad_sync_->before_backward(micro, n_micro);
+    ProfileScope forward(phase::kForward);
     const auto& batch = micro_batches[static_cast<size_t>(micro)];
     // Batches come pinned on CUDA (LoaderOptions::pin_memory): the copies overlap with queued GPU work.
     const bool async = device_.is_cuda();
@@ -431,12 +471,20 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
       kept = kept.defined() ? kept * m : m;
     }
     const torch::Tensor loss = kept.defined() ? model::masked_mean(elementwise, kept) : elementwise.mean();
+    forward.end();
+    ProfileScope backward(phase::kBackward);
     (loss / static_cast<double>(n_micro)).backward();
+    backward.end();
     const auto loss_f64 = loss.detach().to(torch::kFloat64);
     loss_sum = micro == 0 ? loss_f64 : loss_sum + loss_f64;
-    if (offload_) offload_->after_backward(micro, n_micro);  // the gradients are in the masters' .grad (last one)
+    if (offload_) {
+      ProfileScope offload(phase::kOffload);
+      offload_->after_backward(micro, n_micro);  // the gradients are in the masters' .grad (last one)
+    }
+    ProfileScope sync(phase::kGradSync);
     grad_sync_->after_backward(micro, n_micro);
   }
+  ProfileScope norm_clip(phase::kGradNormClip);
   nn::clear_cast_cache(*model_);  // the step's bf16 weight copies: the optimizer is about to change the weights
   const double max_norm = t.clip_grad_norm > 0 ? t.clip_grad_norm : std::numeric_limits<double>::infinity();
   // The gradients this rank's optimizer applies (mean over ranks): all of them, or the owned elements' (sharded).
@@ -455,6 +503,7 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
     result.grad_norm = std::sqrt(total);
   }
   scale_gradients_to_norm(grads, result.grad_norm, max_norm);  // clipping: nothing changes when not finite
+  norm_clip.end();
   // Decisions every rank must take alike: a non-finite loss on any rank, a stop signal on any rank.
   bool loss_finite = std::isfinite(result.loss);
   result.stop = stop_requested();
@@ -480,6 +529,7 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
                         "); stopped before the optimizer step. Look for near-constant dimensions in " +
                         "data.norm_stats, lower train.lr_peak, or allow skips with train.max_nonfinite_skips");
   }
+  ProfileScope optimizer(phase::kOptimizer);
   if (offload_) {
     // On the host thread, layer group by layer group in the forward's order, while this returns and the next step
     // starts (its forward waits at each layer for that layer's weights). offload_refusal() leaves no sharding here,
@@ -498,7 +548,11 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   grad_sync_->clear();
   // Every rank's updated elements reach all ranks before the EMA (which reads only owned ones) and the next forward.
   grad_sync_->after_update();
-  if (ema_) ema_->update();
+  optimizer.end();
+  if (ema_) {
+    ProfileScope ema(phase::kEma);
+    ema_->update();
+  }
   return result;
 }
 

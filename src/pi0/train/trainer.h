@@ -12,6 +12,7 @@
 
 #include <torch/torch.h>
 
+#include "pi0/common/profiler.h"
 #include "pi0/config/config.h"
 #include "pi0/data/loader.h"
 #include "pi0/distributed/grad_sync.h"
@@ -41,6 +42,9 @@ struct RunOptions {
   /// false: no checkpoint after the last step (benchmarks measure steps; a full-size checkpoint is ~50 GB). Periodic
   /// saves (checkpoint.save_interval) and the save on a stop signal still happen.
   bool final_checkpoint = true;
+  /// pi0-train --profile-steps: the profiler (common/profiler.h) records options.steps of the coming steps after
+  /// options.wait_steps and writes its trace and table into options.dir (rank r > 0: <dir>/rank<r>); nullopt: off.
+  std::optional<ProfilerOptions> profile;
 };
 
 /// Raised when training must stop (non-finite loss or gradient norm); names the step and rank.
