@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -285,11 +286,14 @@ int run_child(const Args& a) {
     base_mib = 0;
   }
   std::vector<double> step_s, cpu_s;
+  std::map<std::string, std::vector<double>> host_s;  // train.offload: the host side of each step
   for (const auto& r : train::read_metrics((run_dir / "metrics.jsonl").string())) {
     const auto step = r.at("step").get<int64_t>();
     if (step <= a.warmup || step > a.warmup + a.steps) continue;  // warm-up, profiled
     step_s.push_back(r.at("step_time_s").get<double>());
     cpu_s.push_back(r.at("step_cpu_s").get<double>());
+    for (const char* key : {"offload_grad_s", "offload_update_s", "offload_wait_s"})
+      if (r.contains(key)) host_s[key].push_back(r.at(key).get<double>());
   }
   fs::remove_all(run_dir);
   PI0_CHECK(static_cast<int>(step_s.size()) == a.steps, "expected ", a.steps, " timed steps in metrics.jsonl, got ",
@@ -317,6 +321,7 @@ int run_child(const Args& a) {
                         {"peak_gpu_mib", gpu_mib},
                         {"torch_threads", at::get_num_threads()},
                         {"blas_threads", pi0::thread_counts().blas}};
+  for (const auto& [key, values] : host_s) out[key + "_median"] = summarize(values).median;
   std::ofstream(a.out) << out.dump(2) << "\n";
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -15,6 +16,7 @@
 #include "pi0/train/memory_plan.h"
 #include "pi0/train/metrics.h"
 #include "pi0/train/trainer.h"
+#include "support/log_capture.h"
 #include "support/tiny_run.h"
 
 using namespace pi0;
@@ -90,6 +92,8 @@ TEST_CASE("offload: 20 steps give the plain run's losses, gradient norms, weight
       {"LoRA", {"model.paligemma_variant=dummy_lora", "model.action_expert_variant=dummy_lora", "train.freeze=lora",
                 "train.precision=bf16-mixed"}},
       {"float32, vision frozen", {"train.freeze=freeze-vision"}},
+      // One micro-batch: each bf16 gradient is used as it arrived (no float32 buffer); and clipping that never fires.
+      {"bf16-mixed, one micro-batch, no clipping", {"train.precision=bf16-mixed", "train.clip_grad_norm=1.0e+6"}},
   };
   for (const auto& [what, settings] : variants) {
     SECTION(what) {
@@ -160,7 +164,9 @@ TEST_CASE("offload: the bytes on each side equal the plan's, measured from the t
       t.run();
       const auto plan = train::planned_breakdown(cfg).total;
       const auto rank = train::plan_rank_memory(cfg, 1);
-      // Host: masters, accumulation, AdamW moments, EMA.
+      // Host: masters, AdamW moments, EMA; no float32 gradient buffer with one micro-batch, no transfer buffer on the
+      // CPU (the device copy is written directly).
+      CHECK(t.offload()->accumulation_bytes() == 0);
       const int64_t moments = t.rank_state_bytes().optimizer, ema = t.rank_state_bytes().ema;
       CHECK(t.offload()->master_bytes() + t.offload()->accumulation_bytes() + moments + ema == plan.host_bytes);
       CHECK(rank.host_bytes == plan.host_bytes);
@@ -228,4 +234,43 @@ TEST_CASE("offload: the host update runs in the forward's order, each parameter 
   auto index = [](const std::string& k) { return std::stoi(k.substr(k.find(' ') + 1)); };
   for (auto it = order.begin() + 2; it < vision_end; ++it) CHECK(index(*it) == index(*(it - 1)) + 1);
   for (auto it = vision_end + 1; it < order.end(); ++it) CHECK(index(*it) == index(*(it - 1)) + 1);
+}
+
+TEST_CASE("offload: each step's host side is in metrics.jsonl and the progress line", "[integration][train][offload]") {
+  TinyRun run;
+  for (const std::string offload : {"none", "optimizer"}) {
+    SECTION(offload) {
+      std::string log;
+      {
+        testing::LogCapture capture;
+        train::Trainer t(run.config(offload, {"train.num_steps=3", "train.offload=" + offload, "train.log_interval=1"}));
+        t.run();
+        log = capture.text();
+      }
+      const auto recs = train::read_metrics(run.dir.str(offload) + "/metrics.jsonl");
+      REQUIRE(recs.size() == 3);
+      for (const auto& r : recs) {
+        INFO(r.dump());
+        for (const char* key : {"offload_grad_s", "offload_update_s", "offload_wait_s"}) {
+          if (offload == "none") {
+            CHECK_FALSE(r.contains(key));
+            continue;
+          }
+          REQUIRE(r.contains(key));
+          CHECK(std::isfinite(r.at(key).get<double>()));
+          CHECK(r.at(key).get<double>() >= 0);
+          CHECK(r.at(key).get<double>() < r.at("step_time_s").get<double>() * 2);
+        }
+      }
+      // The host thread did work on the gradients in every offloaded step; the update of step 1 ran during step 2.
+      if (offload == "optimizer") {
+        CHECK(recs[0].at("offload_grad_s").get<double>() > 0);
+        CHECK(recs[1].at("offload_update_s").get<double>() > 0);
+        CHECK_THAT(log, Contains("| host: grads ") && Contains(" s, update ") && Contains("forward waited"));
+        CHECK_THAT(log, Contains("host update on a pool of"));
+      } else {
+        CHECK_THAT(log, !Contains("| host: grads"));
+      }
+    }
+  }
 }

@@ -71,6 +71,13 @@ ThreadCounts set_num_threads(int n) {
   return thread_counts();
 }
 
+void use_one_intra_op_thread() {
+  // ATen sets up each thread's team size once, at its first parallel op (lazy_init_num_threads, to the global count):
+  // done first, so it does not undo this later.
+  at::internal::lazy_init_num_threads();
+  if (auto f = lookup<SetInt>("omp_set_num_threads")) f(1);
+}
+
 double thread_cpu_seconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);

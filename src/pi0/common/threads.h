@@ -21,6 +21,10 @@ struct ThreadCounts {
 /// Sets ATen, OpenMP and the BLAS to `n` threads. n <= 0 means default_num_threads(). The three always agree.
 /// Returns the effective counts.
 ThreadCounts set_num_threads(int n);
+/// Gives the calling thread one ATen intra-op thread (OpenMP's team size is per thread: each thread calling ATen
+/// would otherwise get a team of set_num_threads' size, and the loader's workers, the training thread and the host
+/// update would oversubscribe the cores). For threads that each do a small piece of work in parallel with others.
+void use_one_intra_op_thread();
 /// OMP_NUM_THREADS when set to a positive number, else the CPUs this process may run on (sched_getaffinity:
 /// cgroup/taskset-aware, and counting hyperthreads, which ATen's own default of physical cores does not: on a
 /// 2-vCPU machine that default was 1 thread and twice the step time).

@@ -1,5 +1,7 @@
 #include "pi0/data/loader.h"
 
+#include "pi0/common/threads.h"
+
 #include <cmath>
 
 #include <spdlog/spdlog.h>
@@ -190,7 +192,13 @@ model::Batch DataLoader::build(int64_t g) const {
 }
 
 void DataLoader::start_workers() {
-  for (int64_t i = 0; i < options_.num_workers; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int64_t i = 0; i < options_.num_workers; ++i)
+    workers_.emplace_back([this] {
+      // The workers run side by side: one ATen thread each (PyTorch's DataLoader does the same), the cores left to
+      // the training thread and the host update (train.offload).
+      use_one_intra_op_thread();
+      worker_loop();
+    });
 }
 
 void DataLoader::stop_workers() {

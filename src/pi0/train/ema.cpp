@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "pi0/common/check.h"
+#include "pi0/train/host_update.h"
 
 namespace pi0::train {
 
@@ -23,6 +24,27 @@ void Ema::update() {
 void Ema::update(const std::vector<size_t>& indices) {
   torch::NoGradGuard no_grad;
   for (const size_t i : indices) PI0_CHECK(i < params_.size(), "Ema::update: index ", i, " of ", params_.size());
+  // float32 parameters in host memory: host_update's pass (ema·d + p·(1 − d)), which train.offload's fused host
+  // update also runs, so the offloaded and the plain EMA are the same bits.
+  std::vector<HostUpdateTensor> host;
+  std::vector<size_t> rest;
+  for (const size_t i : indices) {
+    const auto p = params_[i].second.detach();
+    if (p.device().is_cpu() && p.scalar_type() == torch::kFloat32 && p.is_contiguous())
+      host.push_back({p, {}, {}, {}, averages_[i], {}});
+    else
+      rest.push_back(i);
+  }
+  if (!host.empty()) {
+    HostUpdateScalars s;
+    s.ema_decay = decay_;
+    host_update(host, s, host_pool());
+  }
+  update_other(rest);
+}
+
+void Ema::update_other(const std::vector<size_t>& indices) {
+  if (indices.empty()) return;
 #if PI0_HAVE_FOREACH
   // Multi-tensor form of the loop below (same operations, bit-identical on CPU) for float32 parameters.
   std::vector<torch::Tensor> avgs, ps;

@@ -29,6 +29,8 @@ class Ema {
   void update(const std::vector<size_t>& indices);
 
   double decay() const { return decay_; }
+  /// The float32 averages, aligned with the params handed in (train.offload's fused host update writes them).
+  const std::vector<torch::Tensor>& averages() const { return averages_; }
   /// name → float32 average (shallow; clone before mutating). Keys equal the parameter names.
   std::map<std::string, torch::Tensor> state_dict() const;
   /// Restores averages; every tracked name must be present with its shape (UserError naming `source` and key).
@@ -42,6 +44,8 @@ class Ema {
   void copy_to(torch::nn::Module& model) const;
 
  private:
+  void update_other(const std::vector<size_t>& indices);  // parameters not in host float32: ATen's ops
+
   NamedTensors params_;
   std::vector<torch::Tensor> averages_;
   double decay_;

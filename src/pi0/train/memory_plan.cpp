@@ -1,5 +1,7 @@
 #include "pi0/train/memory_plan.h"
 
+#include <fstream>
+
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
@@ -166,7 +168,9 @@ RankMemory plan_rank_memory(const PlacementTable& table, const ParamBreakdown& p
     m.in_flight_bytes = gradients_in_flight_to_host(table);
     m.offload = true;
     m.share_elements = params.total.trainable;
-    m.host_bytes = params.total.host_bytes + (world_size > 1 ? grad_total : 0);
+    // Data parallel: the gradients are summed over ranks on the host, so each is accumulated in float32 there too.
+    m.host_bytes = params.total.host_bytes + (world_size > 1 ? grad_total : 0) +
+                   (world_size > 1 && !table.host_accumulation ? grad_total : 0);
     return m;
   }
   if (mode == distributed::ShardMode::kNone) {
@@ -386,6 +390,25 @@ std::string format_held_state(int64_t rank, int64_t world_size, int64_t optimize
          std::to_string(ema_bytes) + " and " + std::to_string(grad_bytes) + " bytes; dist.shard=" + shard + ")";
 }
 
+std::string offload_host_memory_refusal(int64_t needed_bytes, int64_t available_bytes) {
+  if (available_bytes < 0 || needed_bytes <= available_bytes) return "";
+  return printf_string("train.offload=optimizer: the plan puts %.2f GiB on the host (float32 master weights, AdamW "
+                       "moments, EMA, gradient buffers: pi0-train --print-params lists them), this host has %.2f GiB "
+                       "available (MemAvailable); use a host with more memory, train.ema_decay: 0 (no EMA), "
+                       "train.grad_accum_steps: 1 (no float32 gradient buffer), or a freeze preset or LoRA",
+                       gib(needed_bytes), gib(available_bytes));
+}
+
+int64_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return -1;
+}
+
 std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size) {
   return plan_card_fits(cfg, world_size, false);
 }
@@ -462,7 +485,7 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
     // Tensors live on the GPU there; the host-side runtime and glibc slack terms were calibrated on CPU runs.
     out += printf_string("predicted training peak%s: %.2f GiB of tensors on the GPU (+ the CUDA context and the "
                          "caching allocator's reserve)", world_size > 1 ? " per rank" : "", gib(r.training_peak));
-    out += r.rank.offload ? printf_string("; %.2f GiB of host memory (train.offload=optimizer; the master weights "
+    out += r.rank.offload ? printf_string("; %.2f GiB of host memory (train.offload=optimizer; the transfer buffers "
                                           "pinned)\n", gib(r.rank.host_bytes))
                           : std::string("\n");
   } else {

@@ -140,6 +140,12 @@ RankMemory plan_rank_memory(const config::Config& cfg, int64_t world_size);
 /// can: dist.shard other than none (the optimizer state is partitioned instead), or data parallelism over NCCL
 /// (several GPUs; not supported yet).
 std::string offload_refusal(const config::Config& cfg, int64_t world_size, bool cuda);
+/// Why train.offload=optimizer cannot start on a host with `available_bytes` of memory when the plan puts
+/// `needed_bytes` there (plan_rank_memory's host_bytes), as one line, or "" when it fits. available_bytes < 0: unknown
+/// (no refusal).
+std::string offload_host_memory_refusal(int64_t needed_bytes, int64_t available_bytes);
+/// The host's available memory (/proc/meminfo MemAvailable) in bytes, -1 where it cannot be read.
+int64_t host_available_bytes();
 
 /// train.offload resolved: none and optimizer as written; auto picks the optimizer offload when the plan without it
 /// (at the configured micro-batch; with train.gradient_checkpointing=auto, with every layer recomputed, which costs

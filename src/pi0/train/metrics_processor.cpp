@@ -63,6 +63,12 @@ std::map<std::string, double> MetricsProcessor::close(Interval& iv, double lr, d
                                           {"samples_per_s", static_cast<double>(global_batch_) / step_time},
                                           {"step_time_s", step_time},
                                           {"step_cpu_s", step_cpu}};
+  if (iv.offload_steps > 0) {
+    const double n = static_cast<double>(iv.offload_steps);
+    record["offload_grad_s"] = iv.offload_grad / n;
+    record["offload_update_s"] = iv.offload_update / n;
+    record["offload_wait_s"] = iv.offload_wait / n;
+  }
   if (comm_) {
     // Per step: the gradient all-reduce span (first bucket launched → last done) and the part of it backward
     // did not hide (time in wait()).
@@ -73,6 +79,13 @@ std::map<std::string, double> MetricsProcessor::close(Interval& iv, double lr, d
   }
   iv = fresh_interval();
   return record;
+}
+
+void MetricsProcessor::add_offload_times(double host_grad_s, double host_update_s, double forward_wait_s) {
+  for (Interval* iv : {&log_, &record_}) {
+    iv->offload_grad += host_grad_s, iv->offload_update += host_update_s, iv->offload_wait += forward_wait_s;
+    ++iv->offload_steps;
+  }
 }
 
 void MetricsProcessor::log(int64_t step, double loss, double grad_norm, double lr) {
@@ -95,8 +108,12 @@ void MetricsProcessor::log(int64_t step, double loss, double grad_norm, double l
   else std::snprintf(speed, sizeof speed, "%.1f samples/s", samples_per_s);
   char val[40] = "";
   if (last_val_loss_) std::snprintf(val, sizeof val, " | val_loss %.4f", *last_val_loss_);
-  spdlog::info("step {}/{} | loss {:.4f}{} | grad_norm {:.3f} | lr {:.2e} | {} | ETA {}", step, num_steps_,
-               line.at("loss"), val, grad_norm, lr, speed,
+  char host[96] = "";
+  if (line.count("offload_grad_s"))
+    std::snprintf(host, sizeof host, " | host: grads %.2f s, update %.2f s, forward waited %.2f s",
+                  line.at("offload_grad_s"), line.at("offload_update_s"), line.at("offload_wait_s"));
+  spdlog::info("step {}/{} | loss {:.4f}{} | grad_norm {:.3f} | lr {:.2e} | {}{} | ETA {}", step, num_steps_,
+               line.at("loss"), val, grad_norm, lr, speed, host,
                format_duration(step_time * static_cast<double>(num_steps_ - step)));
 }
 

@@ -32,6 +32,10 @@ class MetricsProcessor {
   /// train.metrics_interval steps and a progress line every train.log_interval steps (and both at the last step),
   /// each the mean over its own interval. Collective when data-parallel: every rank calls it for the same steps.
   void log(int64_t step, double loss, double grad_norm, double lr);
+  /// train.offload=optimizer: the host side of the step about to be log()ged (OptimizerOffload::step_times): its
+  /// means over the interval go into the record as offload_grad_s, offload_update_s and offload_wait_s, and into the
+  /// progress line, so a run shows whether the host or the device bounds it.
+  void add_offload_times(double host_grad_s, double host_update_s, double forward_wait_s);
 
   /// A validation pass at `step` (values already reduced over ranks): rank 0 writes {"step", "val_loss",
   /// "val_action_mse"} to metrics.jsonl and a line to the log; later progress lines show the latest val_loss.
@@ -48,6 +52,8 @@ class MetricsProcessor {
     double cpu_start = thread_cpu_seconds();
     double loss = 0;
     int64_t steps = 0;
+    double offload_grad = 0, offload_update = 0, offload_wait = 0;  // summed over offload_steps
+    int64_t offload_steps = 0;
     distributed::GradReducerStats comm_start;
   };
   /// The interval's record (mean loss over ranks, speed, communication); starts the next interval. Collective.

@@ -1,18 +1,23 @@
 // train.offload=optimizer: what trains lives in host memory and the device holds only the weights its operations
 // read. Per host-resident parameter (placement.h, Residence::kHost):
-//   host    master weight (storage dtype), gradient accumulation (storage dtype), AdamW moments, EMA — pinned on CUDA
+//   host    master weight, AdamW moments, EMA (float32, pageable: never DMA'd), one transfer buffer in the device
+//           copy's dtype (pinned on CUDA: the gradient comes in there, the next weights go out from there), and a
+//           float32 accumulation only where gradients must be summed (gradient accumulation, data parallelism, a
+//           gradient arriving in pieces)
 //   device  a copy of the weight in the dtype its layer reads (bf16 for layer weights under bf16-mixed)
 // The model's parameter *is* the device copy, so the forward and backward run unchanged. Each copy's gradient leaves
 // the device as soon as backward has accumulated it (the AccumulateGrad post hook of grad_hooks.h; on CUDA a copy on
-// a side stream into pinned memory) and a host thread adds it into the master's accumulation, so no whole gradient
-// buffer stays on the device. After the last micro-batch the masters' .grad are those accumulations and the trainer
-// runs the usual code over the masters: gradient sync, norm, clipping; then AdamW and the EMA run on the host thread
-// layer group by layer group in the forward's order, each group's copies refreshed as it is done, while the next step
-// starts: its forward waits at each layer (the model's layer gate) only until that layer's weights have landed.
+// a side stream into the transfer buffer) and the host thread sums its squares there, in the dtype it arrived in
+// (host_update.h: one pass, no temporaries), so no whole gradient buffer stays on the device and none is converted.
+// After the last micro-batch the trainer reads the norm with the loss, and the update runs on the host thread layer
+// group by layer group in the forward's order while the next step starts: per group one pass (host_update) does
+// clipping, AdamW, the EMA and writes the next weights in the copy's dtype into the transfer buffers, which are then
+// uploaded; the next forward waits at each layer (the model's layer gate) only until that layer's weights have landed.
 //
-// Bit for bit: a copy's gradient is what the plain path's cast back-propagates to its float32 master, accumulated in
-// the same order and dtype, and the update is the same AdamW over the same values; on the CPU build an offloaded
-// run gives the plain run's losses, norms, weights, moments and EMA exactly (tests/unit/train/test_offload.cpp).
+// Bit for bit: a copy's gradient is what the plain path's cast back-propagates to its float32 master (bf16 → float32
+// is exact), summed in the same order and dtype where it is summed, and the update is the same host_update over the
+// same values; on the CPU build an offloaded run gives the plain run's losses, norms, weights, moments and EMA exactly
+// (tests/integration/test_offload.cpp).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -31,6 +36,8 @@ class Pi0Impl;
 }
 
 namespace pi0::train {
+
+class Ema;
 
 /// Total memory of `device` in bytes (a CUDA device's, or the share the caching allocator is capped at with
 /// setMemoryFraction, on LibTorch >= 2.9), 0 for the CPU: what train.offload=auto and gradient_checkpointing=auto plan
@@ -75,13 +82,28 @@ class OptimizerOffload {
   /// group as update_in_forward_order uploads them, so the forward's waits are the same.
   void upload();
 
+  /// The gradients the update applies, aligned with masters() (undefined: none this step): the transfer buffers or
+  /// accumulations holding them, in the dtype they are in (bf16 for bf16 copies without accumulation). Valid after
+  /// the last micro-batch's after_backward until the update has read them.
+  std::vector<torch::Tensor> gradients() const;
+
+  /// One step's host update: AdamW (already counted with begin_step) at `lr`, the gradients scaled by `grad_scale`
+  /// (clipping), then the EMA (when set) — the trainer's plain update, fused.
+  struct HostStep {
+    AdamW* optimizer = nullptr;
+    Ema* ema = nullptr;
+    double lr = 0;
+    double grad_scale = 1.0;
+    std::vector<torch::Tensor> grads;  ///< gradients(), held until the update has read them
+  };
   /// The host update overlapped with the next step, the way the trainer runs it: on the host thread, group by group
   /// in the forward's order (everything outside the transformer layers, then SigLIP's layers, then the joint
-  /// layers), `update(indices)` runs AdamW and the EMA over those masters (indices into masters()) and the group's
-  /// device copies are refreshed. Returns at once. The next forward waits only for what it reads: before_forward for
-  /// the first group, wait_for_layer (the model's layer gate) for each layer's. The result is upload()'s after the
-  /// whole update, bit for bit: each group's update is elementwise and lands before anything reads it.
-  void update_in_forward_order(std::function<void(const std::vector<size_t>&)> update);
+  /// layers), one host_update pass per group does clipping, AdamW and the EMA over those masters and writes the new
+  /// weights into the group's transfer buffers, which are uploaded. Returns at once. The next forward waits only for
+  /// what it reads: before_forward for the first group, wait_for_layer (the model's layer gate) for each layer's. The
+  /// result is the plain AdamW::step + Ema::update + upload(), bit for bit: each group's update is elementwise, the
+  /// same arithmetic, and lands before anything reads it.
+  void update_in_forward_order(HostStep step);
   /// Blocks until a pending update_in_forward_order has finished and rethrows its failure: before anything reads the
   /// masters, the AdamW moments or the EMA (checkpoints, exports, tests).
   void finish_update() const;
@@ -113,9 +135,16 @@ class OptimizerOffload {
   int64_t master_bytes() const;
   int64_t accumulation_bytes() const;
   int64_t device_copy_bytes() const;
-  /// CPU seconds of the host thread in the last step up to its last backward: the gradients' accumulation and norms,
-  /// and the previous step's update it ran meanwhile (its own thread's time, not ATen's threads the update uses).
-  double host_grad_seconds() const;
+  /// Where a step's host time goes (train.offload in metrics.jsonl and the progress line), wall seconds of the step
+  /// that last ran before_forward(0) .. after_backward(last):
+  struct StepTimes {
+    double host_grad = 0;     ///< the host thread on this step's gradients (waits for copies, sums, norms)
+    double host_update = 0;   ///< the host thread on the previous step's update (it ran during this step's start)
+    double forward_wait = 0;  ///< the main thread waiting for that update's weights (before_forward, layer gates)
+  };
+  StepTimes step_times() const;
+  /// The threads of the host side, for the log: the update pool's size.
+  std::string describe_threads() const;
 
   struct Impl;
 

@@ -7,6 +7,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/common/shape_str.h"
+#include "pi0/train/host_update.h"
 
 namespace pi0::train {
 
@@ -54,16 +55,17 @@ void AdamW::step(double lr) {
   step(lr, grads);
 }
 
-void AdamW::step(double lr, const std::vector<torch::Tensor>& grads_in) {
+void AdamW::step(double lr, const std::vector<torch::Tensor>& grads_in, double grad_scale) {
   begin_step();
   std::vector<size_t> all(params_.size());
   std::iota(all.begin(), all.end(), size_t{0});
-  step_part(lr, grads_in, all);
+  step_part(lr, grads_in, all, grad_scale);
 }
 
 void AdamW::begin_step() { ++step_; }
 
-void AdamW::step_part(double lr, const std::vector<torch::Tensor>& grads_in, const std::vector<size_t>& indices) {
+void AdamW::step_part(double lr, const std::vector<torch::Tensor>& grads_in, const std::vector<size_t>& indices,
+                      double grad_scale) {
   PI0_CHECK(grads_in.size() == params_.size(), "AdamW::step: ", grads_in.size(), " gradients for ", params_.size(),
             " parameters");
   PI0_CHECK(step_ > 0, "AdamW::step_part before begin_step");
@@ -79,12 +81,21 @@ void AdamW::step_part(double lr, const std::vector<torch::Tensor>& grads_in, con
     const auto& p = params_[i].second;
     auto grad = grads_in[i];
     if (!grad.defined()) continue;
-    if (grad.scalar_type() != p.scalar_type()) grad = grad.to(p.scalar_type());
+    // The host form reads a bf16 gradient as is (offloaded gradients arrive in the compute dtype).
     const bool host = options_.fused_host && host_adamw_takes(p, grad);
+    if (!host && grad.scalar_type() != p.scalar_type()) grad = grad.to(p.scalar_type());
     (host ? host_p : ps).push_back(p), (host ? host_g : gs).push_back(grad);
     (host ? host_m : avgs).push_back(exp_avg_[i]), (host ? host_v : sqs).push_back(exp_avg_sq_[i]);
   }
-  if (!host_p.empty()) host_adamw_step(host_p, host_g, host_m, host_v, lr, step_, options_);
+  if (!host_p.empty()) host_adamw_step(host_p, host_g, host_m, host_v, lr, step_, options_, grad_scale);
+  // The other gradients are scaled in place first (what clip_grad_norm_ does), with the op sequence's arithmetic.
+  if (grad_scale != 1.0 && !gs.empty()) {
+#if PI0_HAVE_FOREACH
+    for_each_group({&gs}, [&](const std::vector<std::vector<torch::Tensor>>& l) { at::_foreach_mul_(l[0], grad_scale); });
+#else
+    for (auto& g : gs) g.mul_(grad_scale);
+#endif
+  }
 #if PI0_HAVE_FOREACH
   if (options_.foreach) {
     // Multi-tensor form of the loop below: the same elementwise operations in the same order (bit-identical on
@@ -188,6 +199,12 @@ torch::Tensor gradient_sum_of_squares(const std::vector<torch::Tensor>& grads_in
     });
   }
 #endif
+  if (!sum_sq.defined() && !grads.empty() && grads[0].device().is_cpu()) {
+    // Host gradients: per-tensor sums in float64 added in list order, as the optimizer offload adds its own.
+    double total = 0;
+    for (auto& g : grads) total += tensor_sum_of_squares(g).item<double>();
+    return torch::tensor(total, torch::kFloat64);
+  }
   if (!sum_sq.defined()) {
     for (auto& g : grads) {
       auto s = tensor_sum_of_squares(g);
@@ -199,6 +216,9 @@ torch::Tensor gradient_sum_of_squares(const std::vector<torch::Tensor>& grads_in
 
 torch::Tensor tensor_sum_of_squares(const torch::Tensor& g) {
   torch::NoGradGuard no_grad;
+  const auto type = g.scalar_type();
+  if (g.device().is_cpu() && (type == torch::kFloat32 || type == torch::kBFloat16 || type == torch::kFloat64))
+    return torch::tensor(host_sum_of_squares(g.contiguous(), host_pool()), torch::kFloat64);
   // Chunked so a 500M-element embedding gradient never needs a full float64 copy.
   constexpr int64_t kChunk = int64_t{1} << 24;
   auto flat = g.reshape({-1});
@@ -211,14 +231,18 @@ torch::Tensor tensor_sum_of_squares(const torch::Tensor& g) {
   return sum_sq.defined() ? sum_sq : torch::zeros({}, g.options().dtype(torch::kFloat64));
 }
 
+double clip_scale(double norm, double max_norm) {
+  return std::isfinite(norm) && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+
 void scale_gradients_to_norm(const std::vector<torch::Tensor>& grads_in, double norm, double max_norm) {
-  if (!std::isfinite(norm) || norm <= max_norm) return;
+  const double coef = clip_scale(norm, max_norm);
+  if (coef == 1.0) return;
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> grads;
   for (const auto& g : grads_in)
     if (g.defined()) grads.push_back(g);
   if (grads.empty()) return;
-  const double coef = max_norm / (norm + 1e-6);
 #if PI0_HAVE_FOREACH
   for_each_group({&grads}, [&](const std::vector<std::vector<torch::Tensor>>& l) { at::_foreach_mul_(l[0], coef); });
 #else
@@ -234,6 +258,32 @@ double clip_gradients(const std::vector<torch::Tensor>& grads, double max_norm,
   const double norm = std::sqrt(total);
   scale_gradients_to_norm(grads, norm, max_norm);
   return norm;
+}
+
+}  // namespace pi0::train
+
+namespace pi0::train {
+
+bool host_adamw_takes(const torch::Tensor& param, const torch::Tensor& grad) { return host_update_takes(param, grad); }
+
+void host_adamw_step(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
+                     const std::vector<torch::Tensor>& exp_avgs, const std::vector<torch::Tensor>& exp_avg_sqs,
+                     double lr, int64_t step, const AdamWOptions& o, double grad_scale) {
+  PI0_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
+                exp_avg_sqs.size() == params.size(),
+            "host_adamw_step: the four lists differ in length");
+  std::vector<HostUpdateTensor> tensors;
+  for (size_t i = 0; i < params.size(); ++i) {
+    PI0_CHECK(host_adamw_takes(params[i], grads[i]) && host_adamw_takes(exp_avgs[i], params[i]) &&
+                  host_adamw_takes(exp_avg_sqs[i], params[i]),
+              "host_adamw_step: tensor ", i, " is not contiguous float32 in host memory");
+    tensors.push_back({params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], {}, {}});
+  }
+  torch::NoGradGuard no_grad;
+  HostUpdateScalars s;
+  s.lr = lr, s.beta1 = o.beta1, s.beta2 = o.beta2, s.eps = o.eps, s.weight_decay = o.weight_decay;
+  s.step = step, s.grad_scale = grad_scale;
+  host_update(tensors, s, host_pool());
 }
 
 }  // namespace pi0::train

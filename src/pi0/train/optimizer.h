@@ -33,9 +33,9 @@ struct AdamWOptions {
   double eps = 1e-8;            ///< added to sqrt(v̂)
   double weight_decay = 1e-10;  ///< decoupled: p ← p − lr·wd·p before the Adam update (all trainable params)
   bool foreach = true;          ///< multi-tensor (_foreach_*) update where LibTorch has it (>= 2.0)
-  /// float32 parameters in host memory: one pass over each tensor (at::_fused_adamw_ where LibTorch has it on the
-  /// CPU, >= 2.4; host_adamw_step's loop on older ones) instead of the op sequence's eight. The same function for
-  /// every host update, offloaded (train.offload) or not, so the two stay bit-identical.
+  /// float32 parameters in host memory: one pass over each tensor (train/host_update.h's host_update, on its own
+  /// thread pool) instead of the op sequence's eight. The same function for every host update, offloaded
+  /// (train.offload) or not, so the two stay bit-identical.
   bool fused_host = true;
 };
 
@@ -50,14 +50,21 @@ class AdamW {
   /// parameter's .grad.
   void step(double lr);
   /// The same from explicit gradients, aligned with params() (undefined = no gradient this step): for sharded
-  /// training, whose parameters are views of owned elements and whose gradients live elsewhere.
-  void step(double lr, const std::vector<torch::Tensor>& grads);
+  /// training, whose parameters are views of owned elements and whose gradients live elsewhere. `grad_scale`:
+  /// clipping's factor (clip_scale), applied as the update reads each gradient (host parameters) or in place before
+  /// it (the others), so no separate pass over the gradients is needed.
+  void step(double lr, const std::vector<torch::Tensor>& grads, double grad_scale = 1.0);
   /// step() in pieces, for an update that overlaps other work (train.offload updates the layers in the forward's
   /// order while the next step starts): begin_step() counts the step, then step_part() updates the parameters at
   /// `indices` (into params()) from `grads` (aligned with params()). Pieces covering every parameter once equal one
   /// step() bit for bit: the update is elementwise.
   void begin_step();
-  void step_part(double lr, const std::vector<torch::Tensor>& grads, const std::vector<size_t>& indices);
+  void step_part(double lr, const std::vector<torch::Tensor>& grads, const std::vector<size_t>& indices,
+                 double grad_scale = 1.0);
+  /// The moments, aligned with params(): for a caller that fuses the update with other work (train.offload's host
+  /// update: AdamW, EMA and the upload staging in one pass, host_update.h).
+  const std::vector<torch::Tensor>& exp_avgs() const { return exp_avg_; }
+  const std::vector<torch::Tensor>& exp_avg_sqs() const { return exp_avg_sq_; }
 
   /// Number of step() calls so far (also restored by load_state_dict and restore_step_count).
   int64_t step_count() const { return step_; }
@@ -85,15 +92,17 @@ class AdamW {
   int64_t step_ = 0;
 };
 
-/// AdamW's update of float32 tensors in host memory in one pass over their elements (threaded over elements with
-/// ATen's intra-op threads): with the optimizer on the host (train.offload) the update is memory-bound, and the op
-/// sequence reads and writes each tensor ~8 times. Same formulas, in float32, as torch.optim.AdamW: p·(1 − lr·wd),
+/// AdamW's update of float32 tensors in host memory in one pass over their elements (host_update.h's host_update on
+/// the host pool): with the optimizer on the host (train.offload) the update is memory-bound, and the op sequence
+/// reads and writes each tensor ~8 times. Same formulas, in float32, as torch.optim.AdamW: p·(1 − lr·wd),
 /// m lerped towards g by 1 − β1, v·β2 + (1 − β2)·g², p − lr/(1 − β1ᵗ) · m / (√v / √(1 − β2ᵗ) + ε). `step` is the
-/// 1-based update count. Every tensor must be contiguous float32 in host memory, the four lists aligned.
+/// 1-based update count. Every tensor must be contiguous float32 in host memory (gradients float32 or bfloat16), the
+/// four lists aligned; each gradient is multiplied by `grad_scale` as it is read.
 void host_adamw_step(const std::vector<torch::Tensor>& params, const std::vector<torch::Tensor>& grads,
                      const std::vector<torch::Tensor>& exp_avgs, const std::vector<torch::Tensor>& exp_avg_sqs,
-                     double lr, int64_t step, const AdamWOptions& options);
-/// Whether host_adamw_step takes this parameter and gradient (contiguous float32, host memory, same size).
+                     double lr, int64_t step, const AdamWOptions& options, double grad_scale = 1.0);
+/// Whether host_adamw_step takes this parameter and gradient (contiguous, host memory, same size; a float32
+/// parameter, a float32 or bfloat16 gradient).
 bool host_adamw_takes(const torch::Tensor& param, const torch::Tensor& grad);
 
 /// Calls fn on consecutive groups of the parallel `lists` (same length; grouped by the first list's device,
@@ -115,11 +124,15 @@ double clip_gradients(const std::vector<torch::Tensor>& grads, double max_norm,
 /// it with the step's loss: one wait for the GPU per step). The sum of squares of the defined gradients as a float64
 /// scalar on their device (undefined when there are none); nothing is read to the host.
 torch::Tensor gradient_sum_of_squares(const std::vector<torch::Tensor>& grads);
-/// One tensor's sum of squares as a float64 scalar on its device (chunked: no whole float64 copy). On the CPU,
-/// gradient_sum_of_squares adds these up in list order, so a caller holding the per-tensor values (the optimizer
-/// offload computes them as gradients arrive) gets the same bits by adding them in the same order.
+/// One tensor's sum of squares as a float64 scalar on its device. On the CPU it is host_update.h's
+/// host_sum_of_squares (one pass, no temporaries, an order fixed by the size, the same for a bf16 tensor and its
+/// float32 values), and gradient_sum_of_squares adds these up in list order, so a caller holding the per-tensor
+/// values (the optimizer offload computes them as gradients arrive) gets the same bits by adding them in that order.
 torch::Tensor tensor_sum_of_squares(const torch::Tensor& g);
-/// Scales every defined gradient in place by max_norm / (norm + 1e-6) when `norm` (finite) exceeds max_norm.
+/// Clipping's factor: max_norm / (norm + 1e-6) when `norm` (finite) exceeds max_norm, else 1 (like
+/// torch.nn.utils.clip_grad_norm_). AdamW::step takes it as grad_scale.
+double clip_scale(double norm, double max_norm);
+/// Scales every defined gradient in place by clip_scale(norm, max_norm) when that is not 1.
 void scale_gradients_to_norm(const std::vector<torch::Tensor>& grads, double norm, double max_norm);
 
 }  // namespace pi0::train

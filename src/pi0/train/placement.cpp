@@ -119,8 +119,12 @@ PlacementTable make_placement(const std::vector<model::ParamSpec>& layout, const
 PlacementTable make_placement(const config::Config& cfg, bool offload) {
   const auto layout = model::parameter_layout(model::options_from_config(cfg.model));
   const auto& t = cfg.train;
-  return make_placement(layout, trainable_mask(names_of(layout), t.freeze, t.trainable_include, t.trainable_exclude),
-                        t.precision, t.ema_decay > 0, t.weight_cast_cache, offload);
+  auto table = make_placement(layout, trainable_mask(names_of(layout), t.freeze, t.trainable_include,
+                                                    t.trainable_exclude),
+                              t.precision, t.ema_decay > 0, t.weight_cast_cache, offload);
+  table.host_accumulation = t.grad_accum_steps > 1;
+  table.host_transfer = t.device.rfind("cuda", 0) == 0;
+  return table;
 }
 
 PlacementTable make_placement(const config::Config& cfg) {
@@ -182,8 +186,14 @@ ParamBreakdown breakdown(const PlacementTable& table) {
       if (table.ema) s->ema_bytes += p.ema_bytes();
       s->cast_bytes += p.cast_bytes();
       s->device_copy_bytes += p.device_copy_bytes();
-      if (p.on_host())
-        s->host_bytes += p.weight_bytes() + p.grad_bytes() + p.optimizer_bytes() + (table.ema ? p.ema_bytes() : 0);
+      if (p.on_host()) {
+        s->host_bytes += p.weight_bytes() + (table.host_accumulation ? p.grad_bytes() : 0) + p.optimizer_bytes() +
+                         (table.ema ? p.ema_bytes() : 0) + (table.host_transfer ? p.device_copy_bytes() : 0);
+        s->on_device_bytes += p.device_copy_bytes();
+      } else {
+        s->on_device_bytes += p.weight_bytes() + p.grad_bytes() + p.optimizer_bytes() +
+                              (table.ema ? p.ema_bytes() : 0) + p.cast_bytes() + p.device_copy_bytes();
+      }
     }
   }
   return b;

@@ -15,10 +15,12 @@
 // so they are stored in bf16. [1] trainable layer weights only (not norm scales, embedding tables, lm_head),
 // and only with train.weight_cast_cache (nn::Dense keeps the copy from one forward to the next).
 //
-// train.offload=optimizer moves what trains to the host (Residence::kHost): its master weight, its gradient
-// accumulation, AdamW's moments and the EMA live in host memory (pinned on CUDA), and the device keeps a copy of
-// the weight in the dtype its operations read — bf16 for layer weights under bf16-mixed (so no cast cache), the
-// storage dtype for norm scales, embeddings and the patch convolution — plus the gradients in flight to the host.
+// train.offload=optimizer moves what trains to the host (Residence::kHost): its master weight, AdamW's moments and
+// the EMA live in host memory (pageable), with a float32 gradient accumulation only where gradients are summed
+// (gradient accumulation; data parallelism adds it in plan_rank_memory) and, on CUDA, a pinned transfer buffer in the
+// device copy's dtype (gradients in, next weights out); the device keeps a copy of the weight in the dtype its
+// operations read — bf16 for layer weights under bf16-mixed (so no cast cache), the storage dtype for norm scales,
+// embeddings and the patch convolution — plus the gradients in flight to the host.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -80,6 +82,11 @@ struct PlacementTable {
   torch::ScalarType compute = torch::kFloat32;  ///< the model's compute dtype (Pi0Impl::set_compute_dtype)
   torch::ScalarType buffers = torch::kFloat32;  ///< the model's buffers (bf16 under "bf16")
   bool offload = false;                         ///< train.offload=optimizer: what trains lives on the host
+  /// offload: a float32 gradient accumulation per host-resident parameter (train.grad_accum_steps > 1); without
+  /// it each gradient is used in the dtype it arrives in
+  bool host_accumulation = true;
+  /// offload: a pinned transfer buffer per host-resident parameter in its device copy's dtype (a CUDA device)
+  bool host_transfer = false;
   std::vector<ParamPlacement> params;           ///< registration order (named_parameters())
 
   /// The trainable flags, in registration order.
@@ -125,15 +132,19 @@ struct ComponentStats {
   int64_t cast_bytes = 0;
   /// train.offload=optimizer: the device copies of host-resident parameters (weights in the dtype they are read in)
   int64_t device_copy_bytes = 0;
-  /// Of the above, what lives in host memory: the master weights, gradient accumulation, AdamW moments and EMA of
-  /// host-resident parameters (0 without offload)
+  /// train.offload=optimizer: what lives in host memory: the master weights, AdamW moments and EMA of host-resident
+  /// parameters, their float32 gradient accumulation where one is kept and their pinned transfer buffers (CUDA),
+  /// PlacementTable::host_accumulation / host_transfer (0 without offload)
   int64_t host_bytes = 0;
+  /// What stays on the training device between steps: everything of device-resident parameters, the device copies
+  /// of host-resident ones.
+  int64_t on_device_bytes = 0;
   double trainable_percent() const { return total > 0 ? 100.0 * static_cast<double>(trainable) / total : 0.0; }
   int64_t memory_bytes() const {
     return weight_bytes + grad_bytes + optimizer_bytes + ema_bytes + cast_bytes + device_copy_bytes;
   }
   /// What stays on the training device between steps.
-  int64_t device_bytes() const { return memory_bytes() - host_bytes; }
+  int64_t device_bytes() const { return on_device_bytes; }
 };
 
 /// Breakdown per component in model::kComponents order plus the sum; activations are estimated separately

@@ -29,6 +29,7 @@
 #include "pi0/train/lr_schedule.h"
 #include "pi0/train/memory_plan.h"
 #include "pi0/train/metrics_processor.h"
+#include "pi0/train/host_update.h"
 #include "pi0/train/offload.h"
 #include "pi0/train/signals.h"
 #include "pi0/train/trainer_state.h"
@@ -95,6 +96,8 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
   // continue, chosen by the Checkpointer before the model is built.
   if (options_.resume) resume_dir_ = checkpointer_.choose_resume(data_.loader->batches_per_epoch());
   interruption_point();
+  // The host stages (gradient norms on the CPU, the host AdamW/EMA pass) run on a pool of their own, of the same size.
+  set_host_pool_threads(static_cast<int>(cfg_.train.num_threads));
   // Same seed on every rank: every replica starts from identical weights.
   torch::manual_seed(static_cast<uint64_t>(cfg_.train.seed));
   build_model();
@@ -109,6 +112,10 @@ void Trainer::plan_model() {
   if (offload) {
     const auto refused = offload_refusal(cfg_, options_.world_size, device_.is_cuda());
     if (!refused.empty()) throw UserError(refused);
+    // Refused before anything is allocated, rather than swapping or killed by the kernel minutes later.
+    const auto host = offload_host_memory_refusal(plan_rank_memory(cfg_, options_.world_size, true).host_bytes,
+                                                  host_available_bytes());
+    if (!host.empty()) throw UserError(host);
   }
   if (options_.rank == 0 && cfg_.train.offload != "none") spdlog::info("{}", why);
   placement_ = make_placement(cfg_, offload);
@@ -265,11 +272,10 @@ void Trainer::build_model() {
                  format_breakdown(b));
     if (offload_) {
       spdlog::info("train.offload=optimizer: {:.2f} GiB of master weights, gradients, AdamW and EMA on the host, "
-                   "{:.2f} GiB of weight copies on {}; gradients are accumulated by 1 host thread, AdamW and EMA run "
-                   "on ATen's {} threads, the loader has {} workers",
+                   "{:.2f} GiB of weight copies on {}; {}; {} loader worker{}, one ATen thread each",
                    static_cast<double>(b.total.host_bytes) / (1ull << 30),
                    static_cast<double>(b.total.device_copy_bytes) / (1ull << 30), device_.str(),
-                   at::get_num_threads(), cfg_.data.num_workers);
+                   offload_->describe_threads(), cfg_.data.num_workers, cfg_.data.num_workers == 1 ? "" : "s");
     }
   }
 }
@@ -312,6 +318,10 @@ int64_t Trainer::run() {
     ++step_;
     if (!result.skipped) {
       if (pg_ && step_ == first_step + 1) log_held_state();
+      if (offload_) {
+        const auto host = offload_->step_times();
+        metrics_->add_offload_times(host.host_grad, host.host_update, host.forward_wait);
+      }
       ProfileScope metrics(phase::kMetrics);
       metrics_->log(step_, result.loss, result.grad_norm, lr);
     }
@@ -488,13 +498,14 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   nn::clear_cast_cache(*model_);  // the step's bf16 weight copies: the optimizer is about to change the weights
   const double max_norm = t.clip_grad_norm > 0 ? t.clip_grad_norm : std::numeric_limits<double>::infinity();
   // The gradients this rank's optimizer applies (mean over ranks): all of them, or the owned elements' (sharded).
-  std::vector<torch::Tensor> grads = grad_sync_->gradients();
+  // Offloaded in one process: where the host holds them, in the dtype they arrived in.
+  const bool offload_grads = offload_ && offload_->norms_as_they_arrive();
+  std::vector<torch::Tensor> grads = offload_grads ? offload_->gradients() : grad_sync_->gradients();
   last_grad_bytes_ = grad_sync_->held_grad_bytes();
   {
     // The step's one wait for the GPU: the loss and the gradients' sum of squares, read together.
     // Offloaded (one process): the per-tensor sums were made on the host as the gradients arrived.
-    const auto sum_sq = offload_ && offload_->norms_as_they_arrive() ? offload_->gradient_sum_of_squares()
-                                                                     : gradient_sum_of_squares(grads);
+    const auto sum_sq = offload_grads ? offload_->gradient_sum_of_squares() : gradient_sum_of_squares(grads);
     const auto host = torch::stack({loss_sum, sum_sq.defined() ? sum_sq.to(loss_sum.device())
                                                                : torch::zeros_like(loss_sum)}).cpu();
     result.loss = host[0].item<double>() / static_cast<double>(n_micro);
@@ -502,7 +513,8 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
     if (const auto sum_over_ranks = grad_sync_->norm_sum_over_ranks()) total = sum_over_ranks(total);
     result.grad_norm = std::sqrt(total);
   }
-  scale_gradients_to_norm(grads, result.grad_norm, max_norm);  // clipping: nothing changes when not finite
+  // Clipping: a factor the update applies as it reads each gradient (no pass of its own; 1 when not finite).
+  const double grad_scale = clip_scale(result.grad_norm, max_norm);
   norm_clip.end();
   // Decisions every rank must take alike: a non-finite loss on any rank, a stop signal on any rank.
   bool loss_finite = std::isfinite(result.loss);
@@ -536,14 +548,11 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
     // so no after_update broadcast is due. The gradients are held by value: clear() below only drops the masters'
     // references to them.
     optimizer_->begin_step();
-    offload_->update_in_forward_order([this, lr, grads](const std::vector<size_t>& indices) {
-      optimizer_->step_part(lr, grads, indices);
-      if (ema_) ema_->update(indices);
-    });
+    offload_->update_in_forward_order({optimizer_.get(), ema_.get(), lr, grad_scale, std::move(grads)});
     grad_sync_->clear();
     return result;
   }
-  optimizer_->step(lr, grads);
+  optimizer_->step(lr, grads, grad_scale);
   grads.clear();
   grad_sync_->clear();
   // Every rank's updated elements reach all ranks before the EMA (which reads only owned ones) and the next forward.

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include <ATen/Parallel.h>
 
@@ -47,4 +48,24 @@ TEST_CASE("the default thread count is every CPU the process may run on", "[unit
   CHECK(pi0::default_num_threads() == CPU_COUNT(&set));
   if (env) ::setenv("OMP_NUM_THREADS", saved.c_str(), 1);
   else ::unsetenv("OMP_NUM_THREADS");
+}
+
+TEST_CASE("use_one_intra_op_thread gives only the calling thread one ATen thread", "[unit][common]") {
+  pi0::set_num_threads(2);
+  int inside = 0, inside_after_op = 0;
+  std::thread worker([&] {
+    pi0::use_one_intra_op_thread();
+    inside = at::get_num_threads();
+    // ATen's own per-thread set-up at the first parallel op must not undo it.
+    at::parallel_for(0, 1 << 20, 1, [](int64_t, int64_t) {});
+    inside_after_op = at::get_num_threads();
+  });
+  worker.join();
+  CHECK(inside == 1);
+  CHECK(inside_after_op == 1);
+  CHECK(at::get_num_threads() == 2);  // the calling thread's team keeps its size
+  std::thread other([&] { inside = at::get_num_threads(); });
+  other.join();
+  CHECK(inside == 2);  // and a new thread still gets the global count
+  pi0::set_num_threads(0);
 }

@@ -357,3 +357,39 @@ TEST_CASE("train.gradient_checkpointing=auto: the fewest recomputed FLOPs whose 
   CHECK_THAT(train::format_memory_report(cfg, 1, true),
              Catch::Contains("gradient checkpointing off (auto: pi0-train recomputes only the layers the GPU needs)"));
 }
+
+TEST_CASE("train.offload=optimizer: host memory per parameter as the offload allocates it, and the refusal",
+          "[unit][train]") {
+  const std::string dir = std::string(PI0_SOURCE_DIR) + "/configs/";
+  const auto cfg = config::load_config(dir + "pi0_libero.yaml", {"train.offload=optimizer"});
+  REQUIRE(cfg.train.grad_accum_steps == 1);
+  int64_t trainable = 0, copies = 0;
+  const auto table = train::make_placement(cfg, true);
+  for (const auto& p : table.params)
+    if (p.on_host()) trainable += p.numel, copies += p.device_copy_bytes();
+  REQUIRE(trainable > 3'000'000'000);
+  // One micro-batch on CUDA: float32 master, two moments, EMA (16 B) and the pinned transfer buffer in the copy's
+  // dtype; no float32 gradient buffer.
+  const int64_t plain = train::plan_rank_memory(cfg, 1, true).host_bytes;
+  CHECK(plain == 16 * trainable + copies);
+  auto accum = cfg;
+  accum.train.grad_accum_steps = 2;
+  CHECK(train::plan_rank_memory(accum, 1, true).host_bytes == plain + 4 * trainable);
+  auto no_ema = cfg;
+  no_ema.train.ema_decay = 0;
+  CHECK(train::plan_rank_memory(no_ema, 1, true).host_bytes == plain - 4 * trainable);
+  auto cpu = cfg;
+  cpu.train.device = "cpu";
+  CHECK(train::plan_rank_memory(cpu, 1, true).host_bytes == plain - copies);  // the copy is written directly
+  // pi0 full with EMA: ~52 GB of float32 state + ~7.5 GB of transfer buffers.
+  CHECK(static_cast<double>(plain) / 1e9 == Approx(59.3).margin(1.5));
+
+  CHECK(train::offload_host_memory_refusal(plain, plain).empty());
+  CHECK(train::offload_host_memory_refusal(plain, -1).empty());  // unknown: not refused
+  const auto msg = train::offload_host_memory_refusal(plain, 32ll << 30);
+  CHECK_THAT(msg, Catch::Contains("train.offload=optimizer") && Catch::Contains("32.00 GiB available") &&
+                      Catch::Contains(std::to_string(plain / (1ll << 30)) + ".") && Catch::Contains("GiB on the host") &&
+                      Catch::Contains("train.ema_decay: 0"));
+  CHECK(msg.find('\n') == std::string::npos);
+  CHECK(train::host_available_bytes() > 0);  // Linux: /proc/meminfo
+}
