@@ -11,7 +11,7 @@
 #   6. offload with gradient_checkpointing=auto on 78 GiB: whether less recomputation beats the plain row.
 # Two trees build at once (half the cores each). Results go to OUT/results and are re-packed into OUT/results.tgz
 # after every row, so a time-out still returns what was measured.
-#   scripts/gpu-offload.sh OUT [OLD_SRC.tar.gz]      (carry .deps: scripts/fetch_deps.sh)
+#   [PACK_TO=DIR] scripts/gpu-offload.sh OUT [OLD_SRC.tar.gz]   (carry .deps: scripts/fetch_deps.sh; results.tgz to DIR)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:?usage: scripts/gpu-offload.sh OUT [OLD_SRC.tar.gz]}"
@@ -20,7 +20,7 @@ R="$OUT/results"
 mkdir -p "$R"
 START=$SECONDS
 log() { echo "[$(date +%H:%M:%S) +$((SECONDS - START)) s] $*" | tee -a "$R/summary.txt"; }
-pack() { tar czf "$OUT/results.tgz" -C "$OUT" results; }
+pack() { tar czf "${PACK_TO:-$OUT}/results.tgz" -C "$OUT" results; }
 PY="${PYTHON:-python3}"
 DEPS="$PWD/.deps"
 TORCH_PREFIX="$($PY -c 'import torch;print(torch.utils.cmake_prefix_path)')"
