@@ -188,6 +188,7 @@ int train_main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  pi0::app::use_passive_openmp_wait(argv);  // before anything else: the program may start again from here
   // First thing: a SIGINT/SIGTERM at any point of start-up sets the stop flag (checked at the interruption points
   // of start-up and after every step) instead of killing the process with no message.
   pi0::train::install_stop_signal_handlers();

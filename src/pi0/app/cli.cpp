@@ -2,7 +2,10 @@
 
 #include <torch/version.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdlib>
 #include <iostream>
 #include <system_error>
 
@@ -211,6 +214,13 @@ c10::Device parse_device(const std::string& flag, const std::string& value) {
     }
   }
   return d;
+}
+
+void use_passive_openmp_wait(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;  // the user's choice, or done
+  ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  ::execv("/proc/self/exe", argv);
+  // exec failed (no /proc): run on with the default policy; the variable stays set for child processes.
 }
 
 int run_app(const std::string& program, const std::function<int()>& main_fn) {

@@ -64,6 +64,13 @@ void add_rtc_options(CLI::App& parser, infer::RtcSettings& settings);
 /// `value` of `flag` as a device: cpu, cuda or cuda:N, usable on this machine (UserError otherwise).
 c10::Device parse_device(const std::string& flag, const std::string& value);
 
+/// Called first in main(): unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set, re-executes the program (same pid and
+/// arguments) with OMP_WAIT_POLICY=PASSIVE. libgomp reads its wait policy once, when it is loaded, so it cannot be
+/// set later from inside the process. Its default, spinning at every barrier, made each parallel ATen operation on
+/// the training thread wait for a partner thread preempted by the loader's workers or another process: configs/debug.yaml
+/// trained 2-10x slower on a 2-core machine (docs/benchmarks.md, "OpenMP wait policy"). Numerics are unchanged.
+void use_passive_openmp_wait(char** argv);
+
 /// Runs main_fn and returns its exit code; what it throws becomes one line on stderr prefixed with `program` and
 /// an exit code: pi0::UserError, CLI parse errors and file-system errors on user paths (permission denied, not
 /// a directory, ...) → 2 "error: ..."; train::TrainingError → 3; c10::OutOfMemoryError → 3 "out of memory: ..."
