@@ -216,5 +216,6 @@ int bench_main(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
+  app::use_passive_openmp_wait(argv);  // as pi0-train: the CPU rows measure what it runs
   return app::run_app("bench_infer", [&] { return bench_main(argc, argv); });
 }

@@ -536,6 +536,7 @@ int run_parent(Args a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  app::use_passive_openmp_wait(argv);  // as pi0-train: the CPU rows measure what it runs
   return app::run_app("bench_train", [&] {
     const auto args = parse_args(argc, argv);
     if (!args) return 0;
