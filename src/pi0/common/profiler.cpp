@@ -377,7 +377,12 @@ void Profiler::begin_step() {
     fs::create_directories(options_.dir);
     std::set<prof::ActivityType> activities{prof::ActivityType::CPU};
     if (cuda_) activities.insert(prof::ActivityType::CUDA);
-    kineto::enableProfiler(prof::ProfilerConfig(prof::ProfilerState::KINETO), activities);
+    // Kineto must be prepared first (libkineto's activity profiler initialized and configured): enableProfiler
+    // alone dereferences it and crashed in startTrace() on pip's LibTorch 2.11 with CUDA (H200 machine, 2026-11-28;
+    // Debian's 1.13 has no Kineto, where both are no-ops). torch.profiler calls the two in this order too.
+    const prof::ProfilerConfig config(prof::ProfilerState::KINETO);
+    kineto::prepareProfiler(config, activities);
+    kineto::enableProfiler(config, activities);
     recording_ = true;
   }
   if (!recording_) return;
