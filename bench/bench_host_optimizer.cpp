@@ -24,7 +24,7 @@
 #include <cstdio>
 #include <fstream>
 #include <optional>
-#include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,7 +33,6 @@
 
 #include <cstring>
 #include <map>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -42,11 +41,10 @@
 #include "pi0/common/check.h"
 #include "pi0/common/threads.h"
 #include "pi0/config/config.h"
-#include "pi0/model/model_config.h"
-#include "pi0/model/param_layout.h"
 #include "pi0/train/ema.h"
 #include "pi0/train/host_update.h"
 #include "pi0/train/memory_plan.h"
+#include "pi0/train/offload.h"
 #include "pi0/train/optimizer.h"
 #include "pi0/train/placement.h"
 
@@ -190,7 +188,7 @@ int64_t minor_faults() {
 struct ReplayParam {
   std::string name;
   int64_t numel = 0;
-  size_t group = 0;
+  std::optional<std::pair<model::LayerStack, int64_t>> layer;  ///< its update group (train::update_layer_of)
   torch::ScalarType copy = torch::kBFloat16;  ///< the device copy's dtype: what the gradient arrives in
   torch::Tensor master, m, v, ema, grad, acc, staging;
 };
@@ -307,20 +305,16 @@ Ceilings measure_ceilings(int threads, int64_t bytes) {
 int run_pi0_step(const Args& args) {
   const auto cfg = config::load_config(args.config);
   const auto table = train::make_placement(cfg, /*offload=*/true);
-  // Groups as train/offload.cpp forms them: outside the layers, each SigLIP layer, each joint layer.
-  const std::regex vision_layer(R"((^|\.)encoder\.layers\.(\d+)\.)"), joint_layer(R"((^|\.)layers\.(\d+)\.)");
+  // Groups as train/offload.cpp forms them (the same rule): outside the layers, each SigLIP layer, each joint layer.
+  using GroupKey = decltype(ReplayParam::layer);
   std::vector<ReplayParam> all;
-  std::map<std::pair<int, int64_t>, size_t> group_index;
+  std::set<GroupKey> all_groups;
   int64_t full = 0;
   for (const auto& p : table.params) {
     if (!p.on_host()) continue;
     ReplayParam r;
-    r.name = p.name, r.numel = p.numel, r.copy = p.device_copy;
-    std::smatch m;
-    std::pair<int, int64_t> key{0, 0};
-    if (std::regex_search(p.name, m, vision_layer)) key = {1, std::stoll(m[2].str())};
-    else if (std::regex_search(p.name, m, joint_layer)) key = {2, std::stoll(m[2].str())};
-    r.group = group_index.emplace(key, group_index.size()).first->second;
+    r.name = p.name, r.numel = p.numel, r.copy = p.device_copy, r.layer = train::update_layer_of(p.name);
+    all_groups.insert(r.layer);
     full += p.numel;
     all.push_back(r);
   }
@@ -337,22 +331,18 @@ int run_pi0_step(const Args& args) {
   // mix of tensor sizes stays the model's.
   std::vector<ReplayParam> kept;
   for (auto& r : all) {
-    const auto name = r.name;
-    std::smatch m;
-    int64_t layer = -1;
-    if (std::regex_search(name, m, vision_layer) || std::regex_search(name, m, joint_layer)) layer = std::stoll(m[2].str());
-    if (layer >= 0 && layer % scale != 0) continue;
-    if (layer < 0 && r.numel > (int64_t{1} << 26)) r.numel /= scale;
+    if (r.layer && r.layer->second % scale != 0) continue;
+    if (!r.layer && r.numel > (int64_t{1} << 26)) r.numel /= scale;
     kept.push_back(r);
   }
   int64_t n_kept = 0;
   for (const auto& r : kept) n_kept += r.numel;
   const double factor = static_cast<double>(full) / static_cast<double>(n_kept);
-  std::map<size_t, std::vector<size_t>> groups;
-  for (size_t i = 0; i < kept.size(); ++i) groups[kept[i].group].push_back(i);
+  std::map<GroupKey, std::vector<size_t>> groups;  // in the update's order
+  for (size_t i = 0; i < kept.size(); ++i) groups[kept[i].layer].push_back(i);
   std::printf("%s: %lld host-resident parameters in %zu tensors, %zu update groups; replayed at scale %lld: %lld "
               "parameters in %zu tensors (x%.2f to the full model)\n",
-              args.config.c_str(), static_cast<long long>(full), all.size(), group_index.size(),
+              args.config.c_str(), static_cast<long long>(full), all.size(), all_groups.size(),
               static_cast<long long>(scale), static_cast<long long>(n_kept), kept.size(), factor);
   torch::manual_seed(0);
   for (auto& r : kept) {

@@ -150,6 +150,18 @@ Kind kind_of(const torch::Tensor& t, const char* what) {
   return Kind::kNone;
 }
 
+// Elements [offset, offset + n) of a float32 or bf16 operand as float32: the operand itself, or (bf16) its conversion
+// into `buf` (kChunk floats).
+template <Kind K>
+const float* chunk_as_float(const void* src, int64_t offset, int64_t n, float* buf) {
+  if constexpr (K == Kind::kBF16) {
+    bf16_to_float_n(static_cast<const uint16_t*>(src) + offset, buf, n);
+    return buf;
+  } else {
+    return static_cast<const float*>(src) + offset;
+  }
+}
+
 // Sum of squares of one block: 8 lanes, lane j taking elements j, j + 8, ... (and the tail element k in lane k % 8),
 // added as a fixed tree. Independent lanes let the compiler vectorize without reassociating. lanes_add may be called
 // on consecutive pieces of a block whose lengths are multiples of 8 (all but the last): the order is the same.
@@ -173,6 +185,19 @@ template <class T>
 double block_sum_of_squares(const T* x, int64_t n) {
   double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   lanes_add(lane, x, n);
+  return lanes_total(lane);
+}
+
+// A block [b, e) of a float32 or bf16 tensor, a chunk at a time (bf16 converted first, so each loop has one
+// element width and vectorizes): the same values in the same order whichever the dtype.
+template <Kind K>
+double chunked_sum_of_squares(const void* src, int64_t b, int64_t e) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  alignas(64) float buf[kChunk];
+  for (int64_t c0 = b; c0 < e; c0 += kChunk) {
+    const int64_t cn = std::min(kChunk, e - c0);
+    lanes_add(lane, chunk_as_float<K>(src, c0, cn, buf), cn);
+  }
   return lanes_total(lane);
 }
 
@@ -205,22 +230,9 @@ double host_sum_of_squares(const torch::Tensor& t, HostPool& pool) {
   const void* p = t.data_ptr();
   switch (t.scalar_type()) {
     case torch::kFloat32:
-      return over_blocks(n, pool, [&](int64_t b, int64_t e) {
-        return block_sum_of_squares(static_cast<const float*>(p) + b, e - b);
-      });
+      return over_blocks(n, pool, [&](int64_t b, int64_t e) { return chunked_sum_of_squares<Kind::kF32>(p, b, e); });
     case torch::kBFloat16:
-      return over_blocks(n, pool, [&](int64_t b, int64_t e) {
-        // Converted to float32 a chunk at a time (each loop one element width, so both vectorize): the same values
-        // in the same order as the float32 case.
-        double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        alignas(64) float f[kChunk];
-        for (int64_t c0 = b; c0 < e; c0 += kChunk) {
-          const int64_t cn = std::min(kChunk, e - c0);
-          bf16_to_float_n(static_cast<const uint16_t*>(p) + c0, f, cn);
-          lanes_add(lane, f, cn);
-        }
-        return lanes_total(lane);
-      });
+      return over_blocks(n, pool, [&](int64_t b, int64_t e) { return chunked_sum_of_squares<Kind::kBF16>(p, b, e); });
     case torch::kFloat64:
       return over_blocks(n, pool, [&](int64_t b, int64_t e) {
         return block_sum_of_squares(static_cast<const double*>(p) + b, e - b);
@@ -240,13 +252,7 @@ double accumulate_block(float* a, const void* src, int64_t b, int64_t e, bool fi
   for (int64_t c0 = b; c0 < e; c0 += kChunk) {
     const int64_t cn = std::min(kChunk, e - c0);
     float* __restrict__ acc = a + c0;
-    const float* __restrict__ x;
-    if constexpr (S == Kind::kBF16) {
-      bf16_to_float_n(static_cast<const uint16_t*>(src) + c0, buf, cn);
-      x = buf;
-    } else {
-      x = static_cast<const float*>(src) + c0;
-    }
+    const float* __restrict__ x = chunk_as_float<S>(src, c0, cn, buf);
     if (first) {
       for (int64_t k = 0; k < cn; ++k) acc[k] = x[k];
     } else {
@@ -297,13 +303,7 @@ void update_block(const HostUpdateTensor& t, const Derived& c, int64_t b, int64_
     const int64_t cn = std::min(kChunk, n - c0);
     float* __restrict__ p = p0 + c0;
     if constexpr (G != Kind::kNone) {
-      const float* __restrict__ g;
-      if constexpr (G == Kind::kBF16) {
-        bf16_to_float_n(static_cast<const uint16_t*>(g0) + b + c0, gbuf, cn);
-        g = gbuf;
-      } else {
-        g = static_cast<const float*>(g0) + b + c0;
-      }
+      const float* __restrict__ g = chunk_as_float<G>(g0, b + c0, cn, gbuf);
       float* __restrict__ m = m0 + c0;
       float* __restrict__ v = v0 + c0;
       for (int64_t k = 0; k < cn; ++k) {

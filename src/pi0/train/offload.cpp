@@ -1,7 +1,5 @@
 #include "pi0/train/offload.h"
 
-#include <time.h>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -91,13 +89,6 @@ class HostThread {
       std::rethrow_exception(e);
     }
   }
-  /// Wall seconds this thread spent on work since the last call.
-  double take_seconds() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const double s = seconds_;
-    seconds_ = 0;
-    return s;
-  }
 
  private:
   void loop() {
@@ -109,16 +100,13 @@ class HostThread {
       queue_.pop_front();
       busy_ = true;
       lock.unlock();
-      const auto t0 = Clock::now();
       std::exception_ptr error;
       try {
         if (!error_) fn();  // after a failure the rest is skipped; drain() reports it
       } catch (...) {
         error = std::current_exception();
       }
-      const double spent = seconds_since(t0);
       lock.lock();
-      seconds_ += spent;
       if (error && !error_) error_ = error;
       busy_ = false;
       if (queue_.empty()) idle_.notify_all();
@@ -130,11 +118,18 @@ class HostThread {
   std::deque<std::function<void()>> queue_;
   bool busy_ = false, stop_ = false;
   std::exception_ptr error_;
-  double seconds_ = 0;
   std::thread thread_;  // last: starts after the members it uses
 };
 
 }  // namespace
+
+std::optional<std::pair<model::LayerStack, int64_t>> update_layer_of(const std::string& name) {
+  static const std::regex vision_layer(R"((^|\.)encoder\.layers\.(\d+)\.)"), joint_layer(R"((^|\.)layers\.(\d+)\.)");
+  std::smatch m;
+  if (std::regex_search(name, m, vision_layer)) return std::make_pair(model::LayerStack::kVision, std::stoll(m[2].str()));
+  if (std::regex_search(name, m, joint_layer)) return std::make_pair(model::LayerStack::kJoint, std::stoll(m[2].str()));
+  return std::nullopt;
+}
 
 struct OptimizerOffload::Impl {
   torch::Device device{torch::kCPU};
@@ -395,16 +390,11 @@ OptimizerOffload::OptimizerOffload(model::Pi0Impl& model, const PlacementTable& 
 
   // Update groups in the forward's order: what lies outside the transformer layers (embeddings, projections, the
   // final norms: the forward reads most of it first), then each SigLIP layer, then each joint layer (both experts).
-  const std::regex vision_layer(R"((^|\.)encoder\.layers\.(\d+)\.)"), joint_layer(R"((^|\.)layers\.(\d+)\.)");
   std::map<std::pair<model::LayerStack, int64_t>, std::vector<size_t>> layered;
   std::vector<size_t> outside;
   for (size_t i = 0; i < masters_.size(); ++i) {
-    std::smatch m;
-    const auto& name = masters_[i].first;
-    if (std::regex_search(name, m, vision_layer))
-      layered[{model::LayerStack::kVision, std::stoll(m[2].str())}].push_back(i);
-    else if (std::regex_search(name, m, joint_layer))
-      layered[{model::LayerStack::kJoint, std::stoll(m[2].str())}].push_back(i);
+    if (const auto layer = update_layer_of(masters_[i].first))
+      layered[*layer].push_back(i);
     else
       outside.push_back(i);
   }
@@ -468,7 +458,6 @@ void OptimizerOffload::after_backward(int64_t micro, int64_t n) {
     });
     s.host->drain();
   }
-  s.host->take_seconds();
   if (!last) return;
   // Accumulations are the masters' .grad (what the gradient sync all-reduces under data parallelism); a gradient kept
   // in the copy's dtype is not (a float32 leaf takes no bf16 .grad): gradients() hands both to the trainer.

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,12 @@ int64_t device_memory_bytes(const torch::Device& device);
 /// Starts CUDA and its caching allocator on `device` (no-op for the CPU). They start lazily, at the first CUDA
 /// tensor, and the allocator's get/setMemoryFraction assert until then.
 void init_cuda_allocator(const torch::Device& device);
+
+/// The layer whose update group a host-resident parameter joins, by its name: {kVision, i} for SigLIP's layer i,
+/// {kJoint, i} for joint layer i (both experts), nullopt for what lies outside the layers (the first group). Ordered
+/// as the groups are updated: nullopt first, then SigLIP's layers, then the joint ones. The one rule for the offload
+/// and bench_host_optimizer's replay.
+std::optional<std::pair<model::LayerStack, int64_t>> update_layer_of(const std::string& name);
 
 class OptimizerOffload {
  public:
@@ -131,7 +138,8 @@ class OptimizerOffload {
   };
 
   /// Measured from the tensors (tests compare them with the plan): the masters, accumulations, AdamW moments and EMA
-  /// are counted by their owners; this is the masters plus the accumulations, and the device copies.
+  /// are counted by their owners; these are the masters, the float32 accumulations plus the pinned transfer buffers,
+  /// and the device copies.
   int64_t master_bytes() const;
   int64_t accumulation_bytes() const;
   int64_t device_copy_bytes() const;
