@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "pi0/distributed/dist_env.h"
 #include "pi0/distributed/process_group.h"
 #include "pi0/io/model_weights.h"
@@ -175,6 +177,36 @@ TEST_CASE("20 bf16-mixed training steps on CUDA with checkpointing lower the los
   const double first = (l[0] + l[1] + l[2]) / 3, last = (l[17] + l[18] + l[19]) / 3;
   INFO("mean loss of steps 1-3: " << first << ", of steps 18-20: " << last);
   CHECK(last < 0.8 * first);
+}
+
+TEST_CASE("the profiler on CUDA records the step's kernels and the device's idle time", "[cuda][profile]") {
+  if (!cuda_usable("profiling a CUDA step")) return;
+  // Kineto's activity profiler must be prepared before it is enabled; enabling it alone crashed in startTrace() on
+  // pip's LibTorch 2.11 + CUDA (found on the H200 machine, 2026-11-28). This case is the proof it no longer does.
+  TinyRun run;
+  train::RunOptions options;
+  options.profile.emplace();
+  options.profile->dir = run.dir.str("profile");
+  options.profile->steps = 2;
+  options.profile->wait_steps = 1;
+  train::Trainer t(run.config("cuda_profile", {"train.device=cuda", "train.precision=bf16-mixed", "train.num_steps=4",
+                                               "train.gradient_checkpointing=true", "checkpoint.save_interval=4"}),
+                   options);
+  CHECK(t.run() == 4);
+  std::ifstream f(run.dir.str("profile/profile.json"));
+  REQUIRE(f);
+  const auto j = nlohmann::json::parse(f);
+  CHECK(j["steps"] == 2);
+  REQUIRE(j["kernels"].size() > 10);  // GEMMs, norms, the optimizer: far more than ten kinds in a training step
+  REQUIRE(j["device_idle"].is_object());
+  const double busy = j["device_idle"]["busy_ms"], idle = j["device_idle"]["idle_ms"], step = j["step_ms"];
+  INFO("step " << step << " ms, device busy " << busy << " ms, idle " << idle << " ms");
+  CHECK(busy > 0);
+  CHECK(idle >= 0);
+  CHECK(busy + idle == Approx(step).epsilon(1e-6));
+  std::ifstream trace(run.dir.str("profile/trace.json"));
+  REQUIRE(trace);
+  CHECK_NOTHROW(nlohmann::json::parse(trace));
 }
 
 TEST_CASE("train.offload=optimizer on CUDA: the plain run's first step, then training as it does", "[cuda][offload]") {
