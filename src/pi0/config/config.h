@@ -213,6 +213,7 @@ struct TrainConfig {
   std::vector<std::string> loss_mask;
   int64_t val_interval = 0;
   int64_t val_samples = 64;
+  bool tensorboard = false;
 
   template <class V>
   void visit(V& v) {
@@ -252,6 +253,9 @@ struct TrainConfig {
                                     "or validation_episodes hold episodes out; 0 = checkpoint.save_interval");
     v("val_samples", val_samples, "held-out samples each validation pass evaluates (spread evenly over the held-out "
                                   "frames, the same every pass); 0 = all");
+    v("tensorboard", tensorboard, "also write TensorBoard event files (events.out.tfevents.*, a new one per start) "
+                                  "into checkpoint.run_dir: every metrics.jsonl value at its step and the first "
+                                  "batch's camera views at step 0; rank 0 only. See docs/formats.md");
   }
 };
 

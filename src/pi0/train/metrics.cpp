@@ -29,6 +29,11 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t drop_from_step) : 
 void MetricsWriter::write(const nlohmann::json& record) {
   out_ << record.dump() << "\n";
   out_.flush();
+  if (!tensorboard_ || !record.contains("step") || !record["step"].is_number_integer()) return;
+  std::map<std::string, double> values;
+  for (auto it = record.begin(); it != record.end(); ++it)
+    if (it.key() != "step" && it.value().is_number()) values[it.key()] = it.value().get<double>();
+  if (!values.empty()) tensorboard_->add_scalars(record["step"].get<int64_t>(), values);
 }
 
 void MetricsWriter::write(int64_t step, const std::map<std::string, double>& values) {

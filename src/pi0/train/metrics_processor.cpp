@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
@@ -21,7 +22,8 @@ MetricsProcessor::MetricsProcessor(const config::TrainConfig& train, int64_t ran
       rank_(rank),
       world_size_(world_size),
       pg_(std::move(pg)),
-      comm_(comm) {}
+      comm_(comm),
+      tensorboard_(train.tensorboard) {}
 
 std::string MetricsProcessor::format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
@@ -44,7 +46,19 @@ MetricsProcessor::Interval MetricsProcessor::fresh_interval() const {
 void MetricsProcessor::start(int64_t step, const std::string& metrics_path) {
   log_ = fresh_interval();
   record_ = fresh_interval();
-  if (rank_ == 0) writer_.emplace(metrics_path, step + 1);
+  if (rank_ != 0) return;
+  writer_.emplace(metrics_path, step + 1);
+  if (tensorboard_) {
+    const auto run_dir = std::filesystem::path(metrics_path).parent_path().string();
+    writer_->mirror_to(std::make_unique<TensorBoardWriter>(run_dir.empty() ? "." : run_dir, step));
+    spdlog::info("TensorBoard: {} (view: tensorboard --logdir {})", writer_->tensorboard()->path(),
+                 run_dir.empty() ? "." : run_dir);
+  }
+}
+
+void MetricsProcessor::log_camera_views(int64_t step, const std::vector<torch::Tensor>& images) {
+  if (rank_ != 0 || !writer_ || !writer_->tensorboard() || images.empty()) return;
+  writer_->tensorboard()->add_images(step, camera_views(images));
 }
 
 std::map<std::string, double> MetricsProcessor::close(Interval& iv, double lr, double grad_norm) {

@@ -8,6 +8,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include <torch/torch.h>
 
 #include "pi0/common/threads.h"
 #include "pi0/config/config.h"
@@ -27,6 +30,9 @@ class MetricsProcessor {
   /// The run continues after `step` (0, or the step resumed from): the intervals start now. Rank 0 appends to
   /// `metrics_path` (run_dir/metrics.jsonl), dropping the records of steps after `step` (an interrupted run's).
   void start(int64_t step, const std::string& metrics_path);
+  /// train.tensorboard, rank 0: openpi's "camera_views" of the first batch (`images`: one [B,3,S,S] tensor per camera
+  /// slot, as the model sees them) as images at `step` in the event file; nothing otherwise.
+  void log_camera_views(int64_t step, const std::vector<torch::Tensor>& images);
 
   /// A completed (not skipped) optimizer step: added to the intervals. A metrics.jsonl record every
   /// train.metrics_interval steps and a progress line every train.log_interval steps (and both at the last step),
@@ -67,6 +73,7 @@ class MetricsProcessor {
   Interval log_;     ///< progress lines, every train.log_interval steps
   Interval record_;  ///< metrics.jsonl records, every train.metrics_interval steps
   std::optional<MetricsWriter> writer_;  ///< rank 0: run_dir/metrics.jsonl
+  bool tensorboard_;                     ///< train.tensorboard: writer_ mirrors every record to an event file
   std::optional<double> last_val_loss_;  ///< the latest validation pass's, shown in progress lines
 };
 

@@ -312,6 +312,8 @@ int64_t Trainer::run() {
     ProfileScope data_wait(phase::kDataWait);
     auto micro_batches = next_micro_batches();
     data_wait.end();
+    // openpi logs the first batch's camera views at step 0 (train.tensorboard); a resumed run logged them before.
+    if (step_ == 0) metrics_->log_camera_views(0, micro_batches.front().observation.images);
     const StepResult result = train_step(micro_batches, lr);
     // A skipped step (non-finite loss, within train.max_nonfinite_skips) counts: its data and noise are consumed,
     // and it is saved and stopped at like any other.
