@@ -90,41 +90,65 @@ torch::Tensor ada_norm(const torch::Tensor& x, double eps, const torch::Tensor& 
   return torch::addcmul(shift, rms32(x, eps), scale1).to(x.scalar_type());
 }
 
-// One expert layer over the residual stream x [B,T,W]. With `cache_out` this pass's keys and values are appended to
-// it, and with `kv_only` nothing after them is computed (the prefix pass's last layer: no one reads its output).
-// `time`: the adaptive norms' modulation (pi0.5's action expert), index 2l and 2l+1.
-// `grouped_bias`, when defined, sends the attention through grouped_attention instead of joint_attention.
-torch::Tensor layer_forward(const FusedLayer& f, const GemmaOptions& o, const torch::Tensor& x,
-                            const nn::RotaryTables& rope, const torch::Tensor& mask, const torch::Tensor& grouped_bias,
-                            const torch::Tensor& k_cache, const torch::Tensor& v_cache, const TimeBranch* time,
-                            size_t l, KVCache* cache_out, bool kv_only) {
-  const int64_t b = x.size(0), t = x.size(1), n = o.num_heads, kv = o.num_kv_heads, d = o.head_dim;
+// x + a·wᵀ with the residual add inside the GEMM (addmm, beta 1): in place on x's storage when nothing is
+// differentiated, so the add is no kernel of its own, and one bf16 rounding of the sum instead of two. On the CPU a
+// bf16 sum goes through float32 (nn/matmul.h: LibTorch's CPU GEMMs need not accumulate bf16 in float32), the
+// same one rounding. Under autograd (guided real-time chunking) out of place: x was saved by the norm before it.
+torch::Tensor add_linear(const torch::Tensor& x, const torch::Tensor& a, const torch::Tensor& w) {
+  PI0_CHECK(x.is_contiguous(), "the residual stream must be contiguous");
+  const auto x2 = x.view({-1, x.size(-1)});
+  const auto a2 = a.reshape({-1, a.size(-1)});
+  const bool grad = torch::GradMode::is_enabled();
+  if (nn::needs_float32_accumulation(x)) {
+    const auto sum = torch::addmm(x2.to(torch::kFloat32), a2.to(torch::kFloat32), w.to(torch::kFloat32).t());
+    if (grad) return sum.to(x.scalar_type()).view(x.sizes());
+    x2.copy_(sum);
+    return x;
+  }
+  if (grad) return torch::addmm(x2, a2, w.t()).view(x.sizes());
+  x2.addmm_(a2, w.t());
+  return x;
+}
+
+// One layer over the residual stream x [B,T,W] (contiguous; updated in place unless autograd is on). Its keys and
+// values go into rows [row0, row0+T) of `kv_buf` [B,S,2K,D] (keys then values in each row), its queries attend
+// rows [0, row0+T). With `kv_only` nothing after the keys and values is computed (a pass's last layer whose output no one
+// reads). `time`: the adaptive norms' modulation (pi0.5's action expert), index 2l and 2l+1.
+// Kernels per layer on a GPU without autograd (kv = 1, plain norms): norm, QKV GEMM, RoPE's product and roll, its
+// two writes (q in the grouped layout, k and v into the buffer), logits GEMM, masked softmax, PV GEMM, O GEMM with
+// the residual, norm, gate/up GEMM, gelu, product, down GEMM with the residual: 15.
+torch::Tensor layer_forward(const FusedLayer& f, const GemmaOptions& o, torch::Tensor x, const FusedPass& p,
+                            const torch::Tensor& kv_buf, const TimeBranch* time, size_t l, bool kv_only) {
+  const int64_t b = x.size(0), t = x.size(1), n = o.num_heads, kv = o.num_kv_heads, d = o.head_dim, g = n / kv;
+  const bool grad = torch::GradMode::is_enabled();
   const auto h = time ? ada_norm(x, f.eps_in, time->scale1[2 * l], time->shift[2 * l]) : rms_unscaled(x, f.eps_in);
-  const auto qkv = nn::linear(h, f.qkv);  // [B,T,(N+2K)·D]
-  // q and k rotate together (RoPE is per head); q arrives scaled.
-  const auto qk = nn::apply_rope(qkv.narrow(-1, 0, (n + kv) * d).view({b, t, n + kv, d}), rope);
-  const auto q = qk.narrow(2, 0, n);
-  auto k = qk.narrow(2, n, kv);
-  auto v = qkv.narrow(-1, (n + kv) * d, kv * d).view({b, t, kv, d});
-  if (cache_out) {
-    cache_out->k.push_back(k.contiguous());
-    cache_out->v.push_back(v.contiguous());
-    if (kv_only) return {};
+  const auto qkv = nn::linear(h, f.qkv).view({b, t, n + 2 * kv, d});  // q (scaled), k, v heads
+  const auto factors = nn::rope_factors(qkv, p.rope);
+  // q straight into the grouped layout [B,K,T,G,D] (t-major rows within each kv head), k and v into their rows.
+  auto q = torch::empty({b, kv, t, g, d}, x.options());
+  const auto q_rot = nn::rope_heads(factors, 0, n, q.permute({0, 2, 1, 3, 4}));
+  if (grad) q = q_rot.view({b, t, kv, g, d}).permute({0, 2, 1, 3, 4});
+  const auto kv_new = nn::rope_heads(factors, n, 2 * kv, kv_buf.narrow(1, p.row0, t));
+  if (kv_only) return {};
+  // Under autograd the new rows are concatenated instead (a buffer written in place would carry this step's graph
+  // into the next).
+  const auto keys = grad ? torch::cat({kv_buf.narrow(1, 0, p.row0), kv_new}, 1) : kv_buf.narrow(1, 0, p.row0 + t);
+  const auto k = keys.narrow(2, 0, kv), v = keys.narrow(2, kv, kv);
+  torch::Tensor attn;
+  if (p.masked.defined()) {
+    attn = grouped_attention(q, k, v, p.masked);
+  } else {
+    const auto q_btnd = q.permute({0, 2, 1, 3, 4}).reshape({b, t, n, d});  // a view when kv = 1
+    attn = joint_attention(q_btnd, k, v, p.mask);
   }
-  if (k_cache.defined()) {
-    k = torch::cat({k_cache, k}, 1);
-    v = torch::cat({v_cache, v}, 1);
-  }
-  const auto attn = grouped_bias.defined() ? grouped_attention(q, k, v, grouped_bias) : joint_attention(q, k, v, mask);
-  const auto out = nn::linear(attn, f.o);
   // Gated residuals as one addcmul (x + out·gate, rounded once) instead of a product and a sum.
-  const auto x1 = time ? torch::addcmul(x, out, time->gate[2 * l]) : x + out;
+  auto x1 = time ? torch::addcmul(x, nn::linear(attn, f.o), time->gate[2 * l]) : add_linear(x, attn, f.o);
   const auto h2 = time ? ada_norm(x1, f.eps_post, time->scale1[2 * l + 1], time->shift[2 * l + 1])
                        : rms_unscaled(x1, f.eps_post);
   const auto gu = nn::linear(h2, f.gate_up);  // [B,T,2F]
   const int64_t mlp = f.down.size(1);
-  const auto y = nn::linear(nn::gelu_tanh(gu.narrow(-1, 0, mlp)) * gu.narrow(-1, mlp, mlp), f.down);
-  return time ? torch::addcmul(x1, y, time->gate[2 * l + 1]) : x1 + y;
+  const auto act = nn::gelu_tanh(gu.narrow(-1, 0, mlp)) * gu.narrow(-1, mlp, mlp);
+  return time ? torch::addcmul(x1, nn::linear(act, f.down), time->gate[2 * l + 1]) : add_linear(x1, act, f.down);
 }
 
 torch::Tensor mask_for(Pi0Impl& m, const torch::Tensor& mask, torch::ScalarType dtype) {
@@ -206,78 +230,139 @@ const std::vector<TimeBranch>& schedule_branches(Pi0Impl& m, FusedWeights& f, in
   return branches;
 }
 
-SuffixContext suffix_context(Pi0Impl& m, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
-                             int64_t batch, const torch::Device& device) {
+namespace {
+
+// The pass of `t_rows` tokens starting at mask row `r0` of `mask` [B,T,S] (true = attended) and `positions` [B,T],
+// writing buffer rows from `row0` and attending rows [0, row0 + t_rows).
+FusedPass make_pass(Pi0Impl& m, const GemmaOptions& o, const torch::Tensor& mask, const torch::Tensor& positions,
+                    int64_t r0, int64_t t_rows, int64_t row0, bool grouped) {
+  FusedPass p;
+  p.row0 = row0;
+  const auto rows = mask.narrow(1, r0, t_rows).narrow(2, 0, row0 + t_rows);
+  if (grouped) {
+    p.masked = grouped_mask(rows, o.num_kv_heads, o.num_heads / o.num_kv_heads);
+  } else {
+    p.mask = mask_for(m, rows, m.compute_dtype());
+  }
+  p.rope = nn::rotary_tables(
+      nn::rope_tables(positions.narrow(1, r0, t_rows), o.head_dim, accumulation(m.compute_dtype())),
+      o.num_heads + o.num_kv_heads, o.num_kv_heads);
+  return p;
+}
+
+}  // namespace
+
+SuffixContext suffix_context(Pi0Impl& m, const FusedWeights& f, const KVCache& cache,
+                             const torch::Tensor& prefix_pad_mask, const torch::Tensor& state, int64_t batch,
+                             const torch::Device& device) {
+  torch::NoGradGuard no_grad;  // once per call; guided real-time chunking differentiates only the steps
   const auto& o = m.options();
-  const int64_t b = batch, h = o.action_horizon, ts = o.pi05 ? h : h + 1;
+  const auto& e = m.paligemma_with_expert->expert->options;
+  const int64_t b = batch, h = o.action_horizon, ts = o.pi05 ? h : h + 1, tp = prefix_pad_mask.size(1);
+  PI0_CHECK(cache.kv.size() == f.suffix.size() && cache.kv.at(0).size(1) == tp + ts,
+            "the prefix cache was not made by fused_prefix_cache for this model");
   const auto acc = accumulation(m.compute_dtype());
   const auto bools = torch::TensorOptions().dtype(torch::kBool).device(device);
   // As embed_suffix: every suffix token valid; ar starts a causal block at the state token (pi0) and at action 0.
   const auto pad = torch::ones({b, ts}, bools);
   auto ar = torch::zeros({ts}, bools);
   ar.narrow(0, 0, ts - h + 1).fill_(true);
-  const auto mask = nn::make_cached_attn_mask(prefix_pad_mask, pad, ar);
+  const auto mask = nn::make_cached_attn_mask(prefix_pad_mask, pad, ar);  // [B,Ts,Tp+Ts]
   const auto positions = nn::positions_after(prefix_pad_mask, pad);
   SuffixContext ctx;
-  ctx.mask = mask_for(m, mask, m.compute_dtype());
-  if (device.is_cuda() && ctx.mask.scalar_type() != torch::kBool) {
-    const auto& e = o.action_expert;
-    const int64_t kv = e.num_kv_heads, g = e.num_heads / e.num_kv_heads, s = ctx.mask.size(-1);
-    ctx.grouped_bias = ctx.mask.view({b, 1, 1, ts, s}).expand({b, kv, g, ts, s}).reshape({b * kv, g * ts, s});
+  // The action tokens' pass; they see the prefix's valid rows, pi0's state token and one another.
+  ctx.actions = make_pass(m, e, mask, positions, ts - h, h, tp + ts - h, /*grouped=*/true);
+  if (!o.pi05) {
+    // pi0's state token sees only the prefix and itself and has no time input: its keys and values are the same in
+    // every step, so they are computed here, once per call, into row Tp of each layer's buffer. Its own output is
+    // never read.
+    const auto state_pass = make_pass(m, e, mask, positions, 0, 1, tp, /*grouped=*/true);
+    auto x = m.state_proj->forward(state.to(acc)).unsqueeze(1).to(f.dtype).contiguous();  // [B,1,We]
+    for (size_t l = 0; l < f.suffix.size(); ++l)
+      x = layer_forward(f.suffix[l], e, x, state_pass, cache.kv[l], nullptr, l, l + 1 == f.suffix.size());
   }
-  ctx.rope = nn::rotary_tables(nn::rope_tables(positions, o.action_expert.head_dim, acc));
-  if (!o.pi05) ctx.state_token = m.state_proj->forward(state.to(acc)).unsqueeze(1);
   return ctx;
 }
 
+torch::Tensor grouped_mask(const torch::Tensor& mask, int64_t kv, int64_t g) {
+  PI0_CHECK(mask.dim() == 3 && mask.scalar_type() == torch::kBool, "grouped_mask takes a [B,T,S] bool mask");
+  const int64_t b = mask.size(0), t = mask.size(1), s = mask.size(2);
+  // Contiguous and of the logits' shape: what CUDA's one-kernel masked softmax takes (mask_type 2).
+  return mask.logical_not().view({b, 1, t, 1, s}).expand({b, kv, t, g, s}).reshape({b * kv, t * g, s});
+}
+
 torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                const torch::Tensor& grouped_bias) {
-  const int64_t b = q.size(0), t = q.size(1), n = q.size(2), d = q.size(3), s = k.size(1), kv = k.size(2), g = n / kv;
-  PI0_CHECK(grouped_bias.size(0) == b * kv && grouped_bias.size(1) == g * t && grouped_bias.size(2) == s,
-            "grouped attention bias ", grouped_bias.sizes(), " does not match B·K=", b * kv, " G·T=", g * t, " S=", s);
-  // Head n = kv_head·G + g (HF repeat_kv); each kv head's queries stacked along the rows.
-  const auto qg = q.view({b, t, kv, g, d}).permute({0, 2, 3, 1, 4}).reshape({b * kv, g * t, d});
+                                const torch::Tensor& masked) {
+  const int64_t b = q.size(0), kv = q.size(1), t = q.size(2), g = q.size(3), d = q.size(4), s = k.size(1);
+  PI0_CHECK(k.size(2) == kv && masked.size(0) == b * kv && masked.size(1) == t * g && masked.size(2) == s,
+            "grouped attention: q ", q.sizes(), ", k ", k.sizes(), ", mask ", masked.sizes(), " do not match");
+  // Head n = kv_head·G + g (HF repeat_kv): each kv head's queries are the rows of one GEMM. kv = 1 (every Gemma
+  // variant here): q, k and v are views (k and v strided inside the K/V buffer), and the output's rows (t, g) are
+  // already [B,T,N·D]: no layout copy on either side.
+  const auto qg = q.reshape({b * kv, t * g, d});
   const auto kg = k.permute({0, 2, 1, 3}).reshape({b * kv, s, d});
   const auto vg = v.permute({0, 2, 1, 3}).reshape({b * kv, s, d});
-  const auto probs = torch::softmax(torch::baddbmm(grouped_bias, qg, kg.transpose(1, 2)), -1);
-  return torch::bmm(probs, vg).view({b, kv, g, t, d}).permute({0, 3, 1, 2, 4}).reshape({b, t, n * d});
+  auto logits = nn::matmul(qg, kg.transpose(1, 2));  // [B·K, T·G, S]
+  torch::Tensor probs;
+  if (nn::needs_float32_accumulation(logits)) {
+    // The CPU's bf16 kernel rounds inside (1 bf16 step from a float32 softmax, LibTorch 1.13): float32 as on CUDA.
+    probs = at::_masked_softmax(logits.to(torch::kFloat32), masked, 2, 2).to(logits.scalar_type());
+  } else {
+    // True = not attended; every row keeps at least one key (its own token). float32 inside for bf16 logits.
+    probs = at::_masked_softmax(logits, masked, 2, 2);
+  }
+  const auto out = nn::matmul(probs, vg);  // [B·K, T·G, D]
+  if (kv == 1) return out.view({b, t, g * d});
+  return out.view({b, kv, t, g, d}).permute({0, 2, 1, 3, 4}).reshape({b, t, kv * g * d});
 }
 
 KVCache fused_prefix_cache(Pi0Impl& m, const FusedWeights& f, const Pi0Impl::Embedded& prefix) {
   const auto& o = m.paligemma_with_expert->language_model->options;
-  const auto mask = mask_for(m, nn::make_attn_mask(prefix.pad_mask, prefix.ar_mask), f.dtype);
-  const auto rope = nn::rotary_tables(
-      nn::rope_tables(nn::positions_from_mask(prefix.pad_mask), o.head_dim, accumulation(f.dtype)));
+  const auto& e = m.paligemma_with_expert->expert->options;
+  const int64_t b = prefix.embs.size(0), tp = prefix.embs.size(1);
+  const int64_t ts = m.options().pi05 ? m.options().action_horizon : m.options().action_horizon + 1;
+  PI0_CHECK(o.num_kv_heads == e.num_kv_heads && o.head_dim == e.head_dim,
+            "the prefix and the action expert must share the kv heads' shape");
+  // A padded token (prompt padding, a masked camera) attends nothing, and a row masked throughout is NaN in the
+  // masked softmax (0/0; a large negative bias gave a uniform row): it attends itself instead. No valid token sees a
+  // padded one, so what a padded row computes is never read, but its NaN would reach the valid rows as 0·NaN in P·V.
+  const int64_t tq = prefix.pad_mask.size(1);
+  const auto mask = nn::make_attn_mask(prefix.pad_mask, prefix.ar_mask) |
+                    torch::eye(tq, prefix.pad_mask.options()).unsqueeze(0);
+  // The grouped path (bmm, masked softmax, bmm) where the model computes attention explicitly; where it uses SDPA
+  // (CUDA) the prefix's ~800 queries keep SDPA's fused kernel, which never writes the [T·N, S] logits out.
+  const auto pass = make_pass(m, o, mask, nn::positions_from_mask(prefix.pad_mask), 0, tp, 0,
+                              /*grouped=*/!m.uses_sdpa(prefix.embs.device()));
   KVCache cache;
-  auto x = prefix.embs;
-  for (size_t l = 0; l < f.prefix.size(); ++l)
-    x = layer_forward(f.prefix[l], o, x, rope, mask, {}, {}, {}, nullptr, l, &cache, l + 1 == f.prefix.size());
+  auto x = prefix.embs;  // embed_prefix's own tensor: the layers update it in place
+  for (size_t l = 0; l < f.prefix.size(); ++l) {
+    // Rows [0, Tp) are the prefix's; the suffix passes write theirs behind them, so no step concatenates the cache.
+    cache.kv.push_back(torch::empty({b, tp + ts, 2 * o.num_kv_heads, o.head_dim}, x.options()));
+    x = layer_forward(f.prefix[l], o, x, pass, cache.kv.back(), nullptr, l, l + 1 == f.prefix.size());
+    const auto rows = cache.kv.back().narrow(1, 0, tp);
+    cache.k.push_back(rows.narrow(2, 0, o.num_kv_heads));
+    cache.v.push_back(rows.narrow(2, o.num_kv_heads, o.num_kv_heads));
+  }
   return cache;
 }
 
 torch::Tensor fused_velocity(Pi0Impl& m, const FusedWeights& f, const KVCache& cache, const SuffixContext& ctx,
                              const torch::Tensor& x, const TimeBranch& time) {
   const auto& o = m.options();
-  const auto& e = m.paligemma_with_expert->expert->options;
-  const int64_t b = x.size(0), h = o.action_horizon;
+  const int64_t h = o.action_horizon;
   PI0_CHECK(x.dim() == 3 && x.size(1) == h && x.size(2) == o.action_dim, "x must be [B,", h, ",", o.action_dim,
             "], got ", x.sizes());
+  const auto& e = m.paligemma_with_expert->expert->options;
   const auto x32 = nn::upcast(x);
-  torch::Tensor embs;
-  if (o.pi05) {
-    embs = m.action_in_proj->forward(x32);
-  } else {
-    const auto action_time = m.action_time_mlp_out->forward(torch::silu(nn::linear(x32, f.action_w) + time.action_bias));
-    embs = torch::cat({ctx.state_token.expand({b, 1, e.width}), action_time}, 1);
-  }
-  auto stream = embs.to(f.dtype);
+  // Only the action tokens: pi0's state token is in the cache already (suffix_context).
+  const auto embs = o.pi05 ? m.action_in_proj->forward(x32)
+                           : m.action_time_mlp_out->forward(torch::silu(nn::linear(x32, f.action_w) + time.action_bias));
+  // A tensor of this pass's own (the layers update the stream in place), in the compute dtype.
+  auto stream = embs.to(f.dtype).contiguous();
   for (size_t l = 0; l < f.suffix.size(); ++l)
-    stream = layer_forward(f.suffix[l], e, stream, ctx.rope, ctx.mask, ctx.grouped_bias, cache.k.at(l), cache.v.at(l),
-                           o.pi05 ? &time : nullptr, l, nullptr, false);
-  // Only the action tokens' outputs are read.
-  const auto actions = stream.narrow(1, stream.size(1) - h, h);
-  const auto normed = o.pi05 ? ada_norm(actions, f.eps_final, time.scale1.back(), time.shift.back())
-                             : rms_unscaled(actions, f.eps_final);
+    stream = layer_forward(f.suffix[l], e, stream, ctx.actions, cache.kv.at(l), o.pi05 ? &time : nullptr, l, false);
+  const auto normed = o.pi05 ? ada_norm(stream, f.eps_final, time.scale1.back(), time.shift.back())
+                             : rms_unscaled(stream, f.eps_final);
   return nn::linear(nn::upcast(normed), f.out_w, f.out_b);
 }
 

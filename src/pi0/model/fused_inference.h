@@ -12,7 +12,12 @@
 // - The per-timestep values of the fixed Euler schedule are computed once per step count and kept (TimeBranch).
 // - The prefix pass keeps only what the steps read, each layer's keys and values: the last layer's attention
 //   output, MLP and the final norm are skipped.
-// - The suffix mask and RoPE tables are made once per call, not once per step.
+// - The suffix mask and RoPE tables are made once per call, not once per step; pi0's state token runs through the
+//   action expert once per call too (its keys and values do not change between steps).
+// - Launches (issue 48): the residual adds happen inside the O and down GEMMs (addmm into the stream); RoPE reads
+//   bf16 against float32 tables and writes q into the grouped layout and k, v straight into preallocated per-layer
+//   K/V buffers (no concatenation of the cache per step); attention is bmm, ATen's masked softmax with a bool mask
+//   made once per call, bmm, its output already [B,T,N·D] (kv = 1). 15 kernels per expert layer on a GPU.
 // The copy costs the stacked QKV and gate/up weights once more in the compute dtype (pi0: ~3 GB in bf16); the
 // output and down projections are the model's own (cast once when the model is float32 and computes in bf16).
 // Shapes: B batch, T tokens, W width, N query heads, K kv heads, D head dim, F MLP width, H horizon, A action dim.
@@ -69,28 +74,43 @@ TimeBranch time_branch(Pi0Impl& m, const FusedWeights& f, const torch::Tensor& t
 const std::vector<TimeBranch>& schedule_branches(Pi0Impl& m, FusedWeights& f, int64_t num_steps, int64_t batch,
                                                  const torch::Device& device);
 
-/// What every suffix pass of one call shares.
-struct SuffixContext {
-  torch::Tensor mask;         ///< [B,Ts,Tp+Ts] bool, or SDPA's additive bias
-  /// On CUDA with the additive bias: the bias repeated over each kv head's query group, [B·K, G·Ts, S], for
-  /// grouped_attention (made once per call).
-  torch::Tensor grouped_bias;
-  nn::RotaryTables rope;      ///< suffix positions continue after the prefix's valid tokens
-  torch::Tensor state_token;  ///< pi0: state_proj(state) [B,1,We] float32
+/// What one pass through a stack of layers shares, made once per call: where its keys and values go in the
+/// per-layer K/V buffers (KVCache::kv), its RoPE tables and its mask.
+struct FusedPass {
+  nn::RotaryTables rope;  ///< [B,T,N+2K,D]: q and k heads rotated, v heads passed through
+  torch::Tensor masked;   ///< [B·K, T·G, S] bool, true = not attended (grouped_mask): grouped_attention
+  torch::Tensor mask;     ///< when `masked` is undefined: [B,T,S] bool or SDPA's additive bias for joint_attention
+  int64_t row0 = 0;       ///< first buffer row this pass's T tokens write; they attend rows [0, row0 + T)
 };
-SuffixContext suffix_context(Pi0Impl& m, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
-                             int64_t batch, const torch::Device& device);
 
-/// Joint attention for few queries against many keys (a denoise step: Ts ≈ 51 queries, S ≈ 300–870 keys), as three
-/// batched products over the query groups of each kv head: logits = bias + q·kᵀ (one GEMM, the mask added in its
-/// epilogue), softmax (float32 inside, rounded once), probs·v. The arithmetic of joint_attention's explicit path
-/// (bf16 logits, float32 softmax, bf16 probabilities), with the parallelism of two GEMMs: a fused SDPA kernel spreads
-/// such a pass over only heads × query blocks (16 on pi0) and walks the keys serially. q [B,T,N,D] (scaled), k/v
-/// [B,S,K,D], grouped_bias [B·K, G·T, S] → [B,T,N·D].
+/// What every suffix pass of one call shares: the action tokens' pass (rows Tp + Ts − H … of the buffers, after
+/// pi0's state token, whose keys and values suffix_context computes once).
+struct SuffixContext {
+  FusedPass actions;
+};
+/// Makes the suffix passes' tables and masks and, for pi0, runs the state token through the action expert once,
+/// writing its keys and values into row Tp of each of `cache`'s buffers (it sees only the prefix and itself and has
+/// no time input, so they are the same in every step).
+SuffixContext suffix_context(Pi0Impl& m, const FusedWeights& f, const KVCache& cache,
+                             const torch::Tensor& prefix_pad_mask, const torch::Tensor& state, int64_t batch,
+                             const torch::Device& device);
+
+/// `mask` [B,T,S] (true = attended) as grouped_attention's [B·K, T·G, S] bool, true = not attended (ATen's
+/// _masked_softmax convention): row t·G + g of kv head k is query head k·G + g of token t. Contiguous, of the logits'
+/// shape, made once per call.
+torch::Tensor grouped_mask(const torch::Tensor& mask, int64_t kv, int64_t g);
+
+/// Joint attention for grouped queries as three batched products per kv head: logits = q·kᵀ (one GEMM), ATen's
+/// masked softmax (float32 inside, rounded once; masked keys excluded rather than added a large negative bias), then
+/// probs·v. The arithmetic of joint_attention's explicit path with the parallelism of two GEMMs: a fused SDPA kernel
+/// spreads a denoise step (Ts ≈ 51 queries, S ≈ 300–870 keys) over only heads × query blocks (16 on pi0) and walks
+/// the keys serially. q [B,K,T,G,D] (scaled), k/v [B,S,K,D] (any strides), masked from grouped_mask → [B,T,N·D];
+/// with K = 1 neither side needs a layout copy.
 torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                const torch::Tensor& grouped_bias);
+                                const torch::Tensor& masked);
 
-/// The prefix pass: each layer's post-RoPE keys and values for `prefix` (embed_prefix's output).
+/// The prefix pass: each layer's post-RoPE keys and values for `prefix` (embed_prefix's output, whose embeddings
+/// it updates in place), in per-layer buffers with room for the suffix's rows behind the prefix's (KVCache::kv).
 KVCache fused_prefix_cache(Pi0Impl& m, const FusedWeights& f, const Pi0Impl::Embedded& prefix);
 /// Velocity [B,H,A] float32 of one suffix pass at x [B,H,A] against the prefix cache.
 torch::Tensor fused_velocity(Pi0Impl& m, const FusedWeights& f, const KVCache& cache, const SuffixContext& ctx,

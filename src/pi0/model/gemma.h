@@ -74,6 +74,10 @@ TORCH_MODULE(GemmaModel);
 /// Per-layer key/value cache of the prefix: k, v [B,K,S,D], keys stored after RoPE.
 struct KVCache {
   std::vector<torch::Tensor> k, v;
+  /// The simplified weights' cache (model/fused_inference.h): per layer one [B, Tp+Ts, 2K, D] buffer, each row the
+  /// token's K heads then its V heads; rows [0, Tp) the prefix's (k and v above are views of them), the rest written
+  /// by the suffix passes in place. Empty on the modules' path.
+  std::vector<torch::Tensor> kv;
 };
 
 }  // namespace pi0::model

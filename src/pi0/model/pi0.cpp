@@ -459,7 +459,7 @@ torch::Tensor Pi0Impl::denoise(const KVCache& cache, const torch::Tensor& prefix
   const int64_t b = x.size(0);
   auto f32 = torch::TensorOptions().dtype(x.scalar_type()).device(x.device());
   SuffixContext ctx;
-  if (fused) ctx = suffix_context(*this, prefix_pad_mask, state, b, x.device());
+  if (fused) ctx = suffix_context(*this, *fused, cache, prefix_pad_mask, state, b, x.device());
   const VelocityField velocity = [&](const torch::Tensor& x_t, const torch::Tensor& time) {
     if (fused) return fused_velocity(*this, *fused, cache, ctx, x_t, time_branch(*this, *fused, time));
     return velocity_cached(cache, prefix_pad_mask, state, x_t, time);

@@ -39,6 +39,37 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RotaryTables& tables) {
   return torch::addcmul(x32 * tables.cos, torch::roll(x32, d / 2, -1), tables.sin).to(x.scalar_type());
 }
 
+RotaryTables rotary_tables(const RopeTables& tables, int64_t rotated_heads, int64_t plain_heads) {
+  const auto whole = rotary_tables(tables);  // [B,T,1,D]
+  const auto sizes = whole.cos.sizes();
+  const auto expand = [&](const torch::Tensor& t, int64_t heads) {
+    return t.expand({sizes[0], sizes[1], heads, sizes[3]});
+  };
+  return {torch::cat({expand(whole.cos, rotated_heads), expand(torch::ones_like(whole.cos), plain_heads)}, 2),
+          torch::cat({expand(whole.sin, rotated_heads), expand(torch::zeros_like(whole.sin), plain_heads)}, 2)};
+}
+
+RopeFactors rope_factors(const torch::Tensor& x, const RotaryTables& tables) {
+  const int64_t d = x.size(-1);
+  TORCH_CHECK(tables.cos.size(-1) == d, "RoPE tables do not match the input (head dim ", d, ")");
+  // LibTorch's CPU kernels take no mixed dtypes inside (1.13 asserts): the exact upcast there, one kernel on CUDA.
+  const auto xs = x.device().is_cpu() ? x.to(tables.cos.scalar_type()) : x;
+  return {xs * tables.cos, torch::roll(x, d / 2, -1), tables.sin};
+}
+
+torch::Tensor rope_heads(const RopeFactors& f, int64_t h0, int64_t nh, torch::Tensor out) {
+  const auto xc = f.xc.narrow(2, h0, nh), xr = f.xr.narrow(2, h0, nh), sin = f.sin.narrow(2, h0, nh);
+  if (torch::GradMode::is_enabled()) return torch::addcmul(xc, xr, sin).to(f.xr.scalar_type());
+  // out may be a differently shaped view of the same element order ([B,T,K,G,D] for [B,T,K·G,D]).
+  const auto shape = out.sizes();
+  if (out.device().is_cpu() && (out.scalar_type() != xc.scalar_type() || xr.scalar_type() != xc.scalar_type())) {
+    out.copy_(torch::addcmul(xc, xr.to(xc.scalar_type()), sin).reshape(shape));  // as rope_factors: no mixed dtypes
+  } else {
+    at::addcmul_out(out, xc.reshape(shape), xr.reshape(shape), sin.reshape(shape));
+  }
+  return out;
+}
+
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta) {
   return apply_rope(x, rope_tables(positions, x.size(-1), upcast(x).scalar_type(), theta));
 }

@@ -20,6 +20,7 @@ TEST_CASE("OpCounter counts the operations a piece of code dispatches", "[unit][
   }
   CHECK(three.top == 3);
   CHECK(three.all > three.top);
+  CHECK(three.kernels == 3);
   {
     OpCounter counter;
     none = counter.count();
@@ -30,4 +31,18 @@ TEST_CASE("OpCounter counts the operations a piece of code dispatches", "[unit][
   OpCounter outer;
   CHECK_THROWS_AS(OpCounter(), c10::Error);
   CHECK(outer.count().all == 0);
+}
+
+TEST_CASE("OpCounter's kernels leave out views and casts or reshapes that do not copy", "[unit][common]") {
+  const auto a = torch::randn({4, 6});
+  OpCounter counter;
+  auto v = a.view({6, 4}).transpose(0, 1).narrow(0, 0, 2);  // three views: no kernel
+  auto same = a.to(torch::kFloat32).reshape({24}).contiguous();  // no-ops and a view: no kernel
+  CHECK(counter.count().top >= 5);  // contiguous() of a contiguous tensor may not dispatch at all
+  CHECK(counter.count().kernels == 0);
+  auto cast = a.to(torch::kFloat64);                  // copies: one kernel
+  auto copied = a.t().reshape({24});                  // copies: one kernel
+  auto sum = v + 1;                                   // computes: one
+  CHECK(counter.count().kernels == 3);
+  CHECK(cast.numel() + copied.numel() + sum.numel() + same.numel() > 0);
 }

@@ -74,6 +74,37 @@ TEST_CASE("RoPE as whole-width tables (x·cos + roll(x)·sin) equals the split-h
   CHECK(testing::max_rel_error(nn::apply_rope(xb, full), nn::apply_rope(xb, half)) < 1e-2);
 }
 
+TEST_CASE("RoPE in factors written to several places equals apply_rope, bits included", "[unit][nn]") {
+  // The simplified weights' RoPE: bf16 x against float32 tables (mixed-dtype product, no upcast or cast pass), q
+  // heads into one tensor and k, v heads into another (v passed through by the identity tables). Same arithmetic as
+  // apply_rope's upcast → float32 → one rounding, so bf16 results are bit-equal.
+  torch::NoGradGuard no_grad;
+  const int64_t b = 2, t = 5, n = 4, kv = 1, d = 16;
+  const auto pos = torch::randint(0, 40, {b, t}, torch::kLong);
+  const auto half = nn::rope_tables(pos, d, torch::kFloat32);
+  const auto tables = nn::rotary_tables(half, n + kv, kv);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16}) {
+    const auto qkv = torch::randn({b, t, n + 2 * kv, d}).to(dtype);
+    const auto f = nn::rope_factors(qkv, tables);
+    auto q = torch::empty({b, t, n, d}, qkv.options());
+    auto kv_rows = torch::zeros({b, t + 3, 2 * kv, d}, qkv.options()).narrow(1, 2, t);  // rows inside a buffer
+    nn::rope_heads(f, 0, n, q);
+    nn::rope_heads(f, n, 2 * kv, kv_rows);
+    const auto whole = nn::rotary_tables(half);
+    INFO("dtype " << dtype);
+    CHECK(torch::equal(q, nn::apply_rope(qkv.narrow(2, 0, n), whole)));
+    CHECK(torch::equal(kv_rows.narrow(2, 0, kv), nn::apply_rope(qkv.narrow(2, n, kv), whole)));
+    CHECK(torch::equal(kv_rows.narrow(2, kv, kv), qkv.narrow(2, n + kv, kv)));  // v unchanged
+  }
+  // Under autograd the heads come back as a new tensor (out= is not differentiable).
+  torch::AutoGradMode grad(true);
+  const auto x = torch::randn({b, t, n + 2 * kv, d}, torch::requires_grad());
+  auto unused = torch::zeros({b, t, n, d});
+  const auto q = nn::rope_heads(nn::rope_factors(x, tables), 0, n, unused);
+  CHECK(q.requires_grad());
+  CHECK(torch::equal(unused, torch::zeros_like(unused)));
+}
+
 TEST_CASE("a pass after a cached prefix gets the rows of the whole sequence's mask and positions", "[unit][nn]") {
   // Prefix: imgA (valid), imgB (camera masked), txt0, txt1 (pad); then state, act0, act1 as one cached-prefix pass.
   const auto prefix = bools({1, 0, 1, 0}).view({1, 4});
