@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -204,7 +205,13 @@ struct Reader {
 
 template <class T>
 void parse(const YAML::Node& n, std::vector<T>& out, const std::string& src, const std::string& key) {
-  if (!n.IsSequence()) type_error(src, key, n, "a list");
+  if (!n.IsSequence()) {
+    // `--set train.loss_mask=action_padding` is the natural first try: say the list form of what was written.
+    if (n.IsScalar())
+      throw UserError(src + ": " + key + " must be a list (got " + quote_value(scalar_text(n)) + "); write [" +
+                      scalar_text(n) + "] for a list of one");
+    type_error(src, key, n, "a list");
+  }
   out.clear();
   for (size_t i = 0; i < n.size(); ++i) {
     T value{};
@@ -369,17 +376,61 @@ void apply_override(YAML::Node& root, const std::string& assignment, const std::
   std::stringstream ss(key);
   for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
   if (parts.size() < 2) throw UserError("--set expects section.key=value (got '" + assignment + "')");
-  std::vector<YAML::Node> chain = {root};
-  for (size_t i = 0; i + 1 < parts.size(); ++i) {
-    YAML::Node child = chain.back()[parts[i]];
-    if (!child.IsDefined() || child.IsNull()) {
-      chain.back()[parts[i]] = YAML::Node(YAML::NodeType::Map);
-      child = chain.back()[parts[i]];
+  // A part may index a list as the messages name its entries: data.datasets[1].prompt (issue 49).
+  struct Part {
+    std::string name;
+    std::optional<size_t> index;
+  };
+  std::vector<Part> steps;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    Part step{parts[i], std::nullopt};
+    const auto open = parts[i].find('[');
+    if (open != std::string::npos) {
+      const std::string digits = parts[i].substr(open + 1, parts[i].size() - open - 2);
+      const bool ok = open > 0 && parts[i].back() == ']' && !digits.empty() && digits.size() <= 9 &&
+                      std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (!ok)
+        throw UserError("--set " + key + ": '" + parts[i] + "' is not a key or an entry of a list (expected e.g. " +
+                        "data.datasets[1].prompt=...)");
+      step = {parts[i].substr(0, open), static_cast<size_t>(std::stoul(digits))};
     }
-    if (!child.IsMap()) throw UserError("--set " + key + ": '" + parts[i] + "' is not a section");
-    chain.push_back(child);
+    steps.push_back(step);
   }
-  chain.back()[parts.back()] = value;
+  std::string path;  // the key so far, as messages name it
+  YAML::Node node = root;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const bool last = i + 1 == steps.size();
+    const auto& step = steps[i];
+    path += (path.empty() ? "" : ".") + step.name;
+    if (last && !step.index) {
+      node[step.name] = value;
+      break;
+    }
+    YAML::Node child = node[step.name];
+    if (step.index) {
+      // An entry must exist already (in the file or an earlier --set of the whole list): --set changes an entry,
+      // and a list grown past its end would leave holes.
+      const size_t n = child.IsDefined() && child.IsSequence() ? child.size() : 0;
+      if (*step.index >= n)
+        throw UserError("--set " + key + ": " + path + " has " + std::to_string(n) + " entr" + (n == 1 ? "y" : "ies") +
+                        (n == 0 ? "" : " (" + path + "[0].." + path + "[" + std::to_string(n - 1) + "])") +
+                        ", so there is no " + path + "[" + std::to_string(*step.index) +
+                        "]; give the whole list to add one (" + path + "=[...])");
+      path += "[" + std::to_string(*step.index) + "]";
+      if (last) {
+        child[*step.index] = value;
+        break;
+      }
+      child.reset(child[*step.index]);  // reset rebinds; `=` would assign the entry over the list
+    } else if (!child.IsDefined() || child.IsNull()) {
+      node[step.name] = YAML::Node(YAML::NodeType::Map);
+      child.reset(node[step.name]);
+    }
+    if (!child.IsMap())
+      throw UserError("--set " + key + ": '" + (step.index ? path : step.name) + "' is not a section" +
+                      (child.IsSequence() ? " but a list (address an entry as " + path + "[0])" : ""));
+    node.reset(child);
+  }
   (void)source;
 }
 
@@ -478,7 +529,7 @@ Config parse_config(const YAML::Node& input, const std::string& source, const st
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;
-  if (!pi0::posix_fs::exists(path, ec)) throw UserError("config file '" + path + "' does not exist");
+  if (!pi0::posix_fs::exists(path, ec)) throw UserError("config file '" + path + "' does not exist" + relative_path_note(path, ""));
   if (pi0::posix_fs::is_directory(path, ec)) {
     throw UserError("config file '" + path + "' is a directory; expected a YAML file (e.g. configs/debug.yaml)");
   }
@@ -602,11 +653,16 @@ void validate(const Config& c) {
           "train.gradient_checkpointing", "'" + t.gradient_checkpointing + "'", "false, true or auto");
   require(t.device == "cpu" || t.device.rfind("cuda", 0) == 0, "train.device", "'" + t.device + "'",
           "cpu, cuda or cuda:N");
+  require(t.lr_schedule == "cosine" || t.lr_schedule == "rsqrt" || t.lr_schedule == "constant", "train.lr_schedule",
+          quote_value(t.lr_schedule), "cosine, rsqrt or constant");
   require(t.lr_warmup_steps >= 0, "train.lr_warmup_steps", t.lr_warmup_steps, ">= 0");
   require(t.lr_peak > 0, "train.lr_peak", t.lr_peak, "> 0");
   require(t.lr_end >= 0, "train.lr_end", t.lr_end, ">= 0");
-  require(t.lr_decay_steps >= t.lr_warmup_steps, "train.lr_decay_steps", t.lr_decay_steps,
-          ">= train.lr_warmup_steps (" + std::to_string(t.lr_warmup_steps) + ")");
+  // Only the cosine reads lr_decay_steps: a long rsqrt or constant warmup need not move it.
+  if (t.lr_schedule == "cosine")
+    require(t.lr_decay_steps >= t.lr_warmup_steps, "train.lr_decay_steps", t.lr_decay_steps,
+            ">= train.lr_warmup_steps (" + std::to_string(t.lr_warmup_steps) + ") with train.lr_schedule=cosine");
+  require(t.lr_timescale > 0, "train.lr_timescale", t.lr_timescale, "> 0 (steps)");
   require(t.adam_b1 >= 0 && t.adam_b1 < 1, "train.adam_b1", t.adam_b1, "in [0, 1)");
   require(t.adam_b2 >= 0 && t.adam_b2 < 1, "train.adam_b2", t.adam_b2, "in [0, 1)");
   require(t.adam_eps > 0, "train.adam_eps", t.adam_eps, "> 0");
@@ -677,8 +733,14 @@ std::vector<DatasetEntry> dataset_entries(const Config& config) {
     if (out[i].norm_stats.empty()) out[i].norm_stats = config.data.norm_stats;
     if (out[i].asset_id.empty())
       out[i].asset_id = config.checkpoint.asset_id + (i == 0 ? std::string() : "_" + std::to_string(i));
+    if (out[i].delta_action_mask.empty()) out[i].delta_action_mask = config.data.delta_action_mask;
   }
   return out;
+}
+
+std::string delta_action_mask_key(const Config& config, size_t i) {
+  const bool own = i < config.data.datasets.size() && !config.data.datasets[i].delta_action_mask.empty();
+  return own ? dataset_key(config, i) + ".delta_action_mask" : std::string("data.delta_action_mask");
 }
 
 std::string dataset_key(const Config& config, size_t i) {
@@ -692,6 +754,7 @@ Config for_dataset(const Config& config, size_t i) {
   out.data.dataset = entries[i];  // the DatasetConfig part
   out.data.datasets.clear();
   out.data.norm_stats = entries[i].norm_stats;
+  out.data.delta_action_mask = entries[i].delta_action_mask;
   out.checkpoint.asset_id = entries[i].asset_id;
   return out;
 }

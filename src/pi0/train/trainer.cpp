@@ -19,6 +19,7 @@
 #include "pi0/common/fs.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/common/profiler.h"
+#include "pi0/common/strings.h"
 #include "pi0/distributed/consistency.h"
 #include "pi0/io/checkpoint_dir.h"
 #include "pi0/io/model_weights.h"
@@ -309,7 +310,7 @@ int64_t Trainer::run() {
   if (options_.profile) profiler.emplace(rank_profiler_options(*options_.profile, options_.rank, t.num_steps - step_));
   while (step_ < t.num_steps) {
     if (profiler) profiler->begin_step();
-    const double lr = warmup_cosine_lr(step_, t.lr_warmup_steps, t.lr_peak, t.lr_decay_steps, t.lr_end);
+    const double lr = scheduled_lr(t, step_);
     ProfileScope data_wait(phase::kDataWait);
     auto micro_batches = next_micro_batches();
     data_wait.end();
@@ -408,6 +409,13 @@ void Trainer::open_run_dir() {
     if (!data_.validation.empty()) {
       spdlog::info("validation: {} held-out samples every {} steps (train.val_interval) and at the end",
                    data_.validation.size(), config::val_interval(cfg_));
+    }
+    if (t.rtc_max_delay > 0) {  // nothing else in the log says this run trains differently from openpi's
+      spdlog::info("real-time chunking training is on: each example's first d actions enter clean and leave the "
+                   "loss, d in 0..{} (train.rtc_max_delay, {} distribution{}); the bundle serves pi0-serve --rtc "
+                   "trained up to that delay",
+                   t.rtc_max_delay, t.rtc_delay_distribution,
+                   t.rtc_delay_distribution == "exp" ? ", rate " + shortest_double(t.rtc_delay_exp_rate) : std::string());
     }
   }
 }
