@@ -23,6 +23,7 @@
 #include "pi0/common/check.h"
 #include "pi0/common/shape_str.h"
 #include "pi0/common/threads.h"
+#include "pi0/data/observation_file.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/infer/inference.h"
 #include "pi0/io/bundle.h"

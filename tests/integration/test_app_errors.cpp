@@ -315,3 +315,37 @@ TEST_CASE("SIGTERM during pi0-train start-up exits 0: stopped before the first s
   CHECK_THAT(out_text, !Contains(kBuildingModel));
   CHECK(!io::newest_complete_checkpoint(run.dir.str("run")));
 }
+
+// Issue 49 item 4: an output path into folders that do not exist (the shipped configs' assets/<id>/norm_stats.json,
+// pi0-plot --out plots/x.png) is written, the folders made; one that cannot be made is named, not the ".tmp" file
+// (it said "...norm_stats.json.tmp: cannot create (file not found)"). pi0-infer --out: test_validation.cpp's mixture.
+TEST_CASE("pi0-norm-stats and pi0-plot create the folders of their output and name one that cannot be made",
+          "[integration][app]") {
+  TinyRun run;
+  const std::string stats = run.dir.str("assets/tiny/norm_stats.json");
+  const auto cfg = run.write_config("assets.yaml", "run", {"data.norm_stats=" + stats});
+  const auto made = run_app_process("pi0-norm-stats", "--config " + cfg, run.dir);
+  INFO(made.err);
+  CHECK(made.code == 0);
+  CHECK(data::load_norm_stats(stats).keys.count("actions") == 1);
+  std::ofstream(run.dir.str("a_file")) << "x";
+  const std::string blocked = run.dir.str("a_file/tiny/norm_stats.json");
+  check_user_error(run_app_process("pi0-norm-stats", "--config " + run.write_config("blocked.yaml", "run",
+                                                                                   {"data.norm_stats=" + blocked}),
+                                   run.dir),
+                   "pi0-norm-stats", blocked + ": cannot create its folder '" + run.dir.str("a_file/tiny") + "' ('" +
+                                         run.dir.str("a_file") + "' is a regular file)");
+  CHECK(!fs::exists(blocked + ".tmp"));
+
+  const auto metrics = run.dir.str("metrics.jsonl");
+  std::ofstream(metrics) << "{\"step\": 1, \"loss\": 2.0}\n{\"step\": 2, \"loss\": 1.0}\n";
+  const std::string png = run.dir.str("plots/new/loss.png");
+  const auto plotted = run_app_process("pi0-plot", "--metrics " + metrics + " --keys loss --out " + png, run.dir);
+  INFO(plotted.err);
+  CHECK(plotted.code == 0);
+  CHECK(fs::file_size(png) > 100);
+  const std::string png_blocked = run.dir.str("a_file/loss.png");
+  check_user_error(run_app_process("pi0-plot", "--metrics " + metrics + " --keys loss --out " + png_blocked, run.dir),
+                   "pi0-plot", png_blocked + ": cannot create its folder '" + run.dir.str("a_file") + "' ('" +
+                                   run.dir.str("a_file") + "' is a regular file)");
+}

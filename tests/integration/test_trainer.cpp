@@ -400,8 +400,12 @@ TEST_CASE("training-time RTC: resumes bit-identically, and D = 0 draws nothing m
     return extra;
   };
   {
+    testing::LogCapture log;
     train::Trainer t(run.config("straight", with(rtc, {"train.num_steps=4"})));
     CHECK(t.run() == 4);
+    // Issue 49 item 11: the log says RTC training is on (nothing did).
+    CHECK_THAT(log.text(), Catch::Contains("real-time chunking training is on: each example's first d actions enter "
+                                           "clean and leave the loss, d in 0..3 (train.rtc_max_delay, uniform"));
   }
   {
     train::Trainer t(run.config("resumed", with(rtc, {"train.num_steps=2"})));

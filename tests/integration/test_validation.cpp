@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "pi0/config/config.h"
+#include "pi0/data/config_options.h"
+#include "pi0/data/dataset.h"
 #include "pi0/data/example_data.h"
 #include "pi0/io/bundle.h"
 #include "pi0/io/checkpoint_dir.h"
@@ -345,4 +347,49 @@ TEST_CASE("mixture: an HDF5 and a LeRobot video dataset with other dims train, e
   CHECK(bad.code == 2);
   CHECK(bad.err.find("--asset 'aloha': not in the bundle") != std::string::npos);
   CHECK(bad.err.find("(its assets: libero, sim)") != std::string::npos);
+
+  // Issue 49 item 5: the sim observation without --asset met the first asset's stats ("recompute the norm stats");
+  // the error now names the assets, the one its dims fit, and the flag.
+  const auto unpicked = testing::run_app_process(
+      "pi0-infer", "--bundle " + dir.str("bundle") + " --obs " + dir.str("obs_sim.safetensors") +
+                       " --prompt x --num-steps 1 --out " + dir.str("unpicked.safetensors"), dir);
+  INFO(unpicked.err);
+  CHECK(unpicked.code == 2);
+  CHECK_THAT(unpicked.err, Contains("; the bundle holds assets libero (state 8, actions 7), sim (state 10, actions 9) "
+                                    "and used 'libero' (its first): the observation's 10 state dims fit sim; pick one "
+                                    "with --asset NAME"));
+  CHECK(!std::filesystem::exists(dir.str("unpicked.safetensors")));
+  // pi0-serve's wording (its --robot check): the robot's action dims, the assets with at least as many.
+  const auto first = io::load_bundle(dir.str("bundle"));
+  CHECK_THAT(io::asset_hint(first, "the robot's 9 action dims", -1, 9), Contains(": the robot's 9 action dims fit sim;"));
+  CHECK_THAT(io::asset_hint(first, "the robot's 14 action dims", -1, 14), Contains("fit none of them"));
+  CHECK(io::asset_hint(io::load_bundle(dir.str("bundle"), torch::kCPU, std::nullopt, "libero"), "x", 10).empty());
+
+  // Issue 49 item 6: an observation file from any dataset the trainer reads, by episode and frame, with its prompt:
+  // the HDF5 (LIBERO) entry and the LeRobot one, read by the trainer's readers; pi0-infer then runs on it as is.
+  const auto cfg = config::load_config(yaml);
+  for (const auto& [index, asset] : std::vector<std::pair<size_t, std::string>>{{0, "libero"}, {1, "sim"}}) {
+    INFO("data.datasets[" << index << "]");
+    const std::string obs = dir.str("frame_" + asset + ".safetensors");
+    ok("pi0-make-example-data", "--config " + yaml + " --dataset " + std::to_string(index) +
+                                    " --episode 1 --frame 3 --observation-out " + obs);
+    auto d = data::dataset_options(config::for_dataset(cfg, index), config::dataset_key(cfg, index));
+    data::RobotDataset ds(d);
+    const auto sample = ds.get(ds.episode(1).first_index + 3);
+    REQUIRE(sample.episode == 1);
+    REQUIRE(sample.frame == 3);
+    io::SafetensorsFile file(obs);
+    CHECK(!sample.prompt.empty());
+    CHECK(file.metadata().at("prompt") == sample.prompt);
+    CHECK(torch::equal(file.get_copy("state"), sample.state.unsqueeze(0).to(torch::kFloat32)));
+    CHECK(torch::equal(file.get_copy("image/base_0_rgb"), sample.images[0].unsqueeze(0)));
+    const auto r = ok("pi0-infer", "--bundle " + dir.str("bundle") + " --obs " + obs + " --asset " + asset +
+                                       " --num-steps 2 --out " + dir.str("made/by/infer/" + asset + ".safetensors"));
+    CHECK(io::SafetensorsFile(dir.str("made/by/infer/" + asset + ".safetensors")).contains("actions"));  // item 4
+    CHECK_THAT(r.err + r.out, Contains("prompt from " + obs + ": '" + sample.prompt + "'"));
+  }
+  const auto far = testing::run_app_process("pi0-make-example-data", "--config " + yaml + " --dataset 1 --episode 9 "
+                                            "--observation-out " + dir.str("far.safetensors"), dir);
+  CHECK(far.code == 2);
+  CHECK_THAT(far.err, Contains("--episode: got 9, expected 0.."));
 }

@@ -69,6 +69,7 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   const std::string tmp = path + ".tmp";
   require_output_file(path);
   require_output_file(tmp);
+  create_parent_directories(path);
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw UserError(tmp + ": cannot create (" + errno_reason(errno) + ")");
   auto fail = [&](const std::string& what) {
@@ -97,9 +98,11 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   }
 }
 
-void create_directories_or_throw(const std::string& dir, const std::string& what) {
-  if (dir.empty()) return;
-  const std::string prefix = (what.empty() ? std::string() : what + " ") + "'" + dir + "': cannot create directories (";
+namespace {
+
+// mkdir -p `dir`, walking down from the root so that an error names the component that failed; `prefix` starts
+// every message (it names what the user gave), followed by the component and the reason and ")".
+void create_directories_named(const std::string& dir, const std::string& prefix) {
   // Walk down from the root, creating each missing component: the error then names the component that failed.
   std::string sofar;
   size_t pos = 0;
@@ -118,6 +121,27 @@ void create_directories_or_throw(const std::string& dir, const std::string& what
     if (::mkdir(sofar.c_str(), 0777) != 0 && errno != EEXIST)
       throw UserError(prefix + "'" + sofar + "': " + errno_reason(errno) + ")");
   }
+}
+
+}  // namespace
+
+void create_directories_or_throw(const std::string& dir, const std::string& what) {
+  if (dir.empty()) return;
+  create_directories_named(dir, (what.empty() ? std::string() : what + " ") + "'" + dir + "': cannot create directories (");
+}
+
+std::string relative_path_note(const std::string& path, const std::string& extra) {
+  if (path.empty() || path[0] == '/') return "";
+  char buf[4096];
+  const std::string cwd = ::getcwd(buf, sizeof buf) ? std::string(buf) : std::string("?");
+  return " (relative paths are resolved from the working directory '" + cwd + "'" + extra + ")";
+}
+
+void create_parent_directories(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos || slash == 0) return;  // the working directory, or the root
+  const std::string dir = path.substr(0, slash);
+  create_directories_named(dir, path + ": cannot create its folder '" + dir + "' (");
 }
 
 }  // namespace pi0

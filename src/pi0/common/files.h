@@ -31,11 +31,23 @@ void require_input_file(const std::string& path, const std::string& what = "", c
 void require_output_file(const std::string& path);
 
 /// Writes `bytes` to `path` through `path.tmp`, fsync and rename, so readers see the old file or the new one,
-/// never half of it; require_output_file() is checked for both names first. UserError naming the file on failure.
+/// never half of it; require_output_file() is checked for both names first, and the folder is created first
+/// (create_parent_directories). UserError naming the file on failure.
 void write_file_atomic(const std::string& path, std::string_view bytes);
 
 /// Creates `dir` and its missing parents; UserError "<what> '<dir>': cannot create directories (<reason>)" naming
 /// the first component that could not be created and why (a file in the way, permission denied, read-only).
 void create_directories_or_throw(const std::string& dir, const std::string& what);
+
+/// For a message about a path that was not found: "" for an absolute path, else " (relative paths are resolved from
+/// the working directory '<cwd>'<extra>)", since a config's relative paths are read from where the app runs, not
+/// from the config file's folder, and the user rarely has the working directory in mind (issue 49).
+std::string relative_path_note(const std::string& path, const std::string& extra = ", not from the config file's folder");
+
+/// Creates the folder `path` is to be written into, and its missing parents, so every output path a user names
+/// (`pi0-norm-stats` into the shipped configs' `assets/<id>/norm_stats.json`, `pi0-plot --out plots/x.png`) works
+/// without a mkdir first. UserError "<path>: cannot create its folder '<dir>' ('<component>' is a regular file)"
+/// naming the file the user gave (never a temporary) and the component that could not be made.
+void create_parent_directories(const std::string& path);
 
 }  // namespace pi0

@@ -42,7 +42,8 @@ NormStats load_config_norm_stats(const config::Config& cfg, const std::string& k
   }
   if (!pi0::posix_fs::exists(cfg.data.norm_stats)) {
     throw UserError(key + ": file '" + cfg.data.norm_stats +
-                    "' does not exist (compute it with pi0-norm-stats --config <run.yaml>)");
+                    "' does not exist (compute it with pi0-norm-stats --config <run.yaml>)" +
+                    relative_path_note(cfg.data.norm_stats));
   }
   require_input_file(cfg.data.norm_stats, key, "a norm_stats.json file");
   return load_norm_stats(cfg.data.norm_stats);

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/common/log_line.h"
 #include "pi0/common/strings.h"
@@ -71,7 +72,7 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths, con
       if (rc == 0)
         for (size_t i = 0; i < g.gl_pathc; ++i) out.insert(g.gl_pathv[i]);
       globfree(&g);
-      if (rc != 0) throw UserError(key + ": glob '" + p + "' matches no file");
+      if (rc != 0) throw UserError(key + ": glob '" + p + "' matches no file" + relative_path_note(p));
     } else if (fs::is_directory(p)) {
       size_t before = out.size();
       for (const auto& e : fs::directory_iterator(p)) {
@@ -80,7 +81,7 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths, con
       }
       if (out.size() == before) throw UserError(key + ": directory '" + p + "' holds no .hdf5 or .h5 file");
     } else {
-      if (!fs::exists(p)) throw UserError(p + ": file not found (" + key + ")");
+      if (!fs::exists(p)) throw UserError(p + ": file not found (" + key + ")" + relative_path_note(p));
       out.insert(p);
     }
   }

@@ -38,6 +38,10 @@ struct InferenceInputs {
 /// tokenized_prompt_mask, pi0-infer's noise, actions, time, and previous_chunk_keys() (read by the app, not here).
 const std::vector<std::string>& observation_keys();
 
+/// The safetensors metadata key of an observation file's prompt text (pi0-make-example-data --observation-out writes
+/// the frame's; pi0-infer tokenizes it when neither --prompt nor tokenized_prompt is given).
+inline constexpr const char* kObservationPromptKey = "prompt";
+
 /// Real-time chunking's keys: prev_action_chunk, inference_delay, execute_horizon (infer::previous_chunk reads
 /// them, for pi0-infer's observation file and pi0-serve's requests in every robot profile).
 const std::vector<std::string>& previous_chunk_keys();

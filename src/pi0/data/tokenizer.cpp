@@ -146,9 +146,20 @@ TokenizedPrompt Tokenizer::tokenize(const std::string& prompt, int64_t max_token
   const int64_t n = static_cast<int64_t>(ids.size());
   if (n > max_token_len) {
     // Per sample in training: said once, then counted (a long prompt repeats in every sample of its episode).
-    warn_once("tokenizer: prompt truncated to max_token_len",
-              "tokenizer: prompt is " + std::to_string(n) + " tokens, truncated to max_token_len " +
-                  std::to_string(max_token_len) + " (the end of the prompt is lost; raise max_token_len): " +
+    // pi0.5 with the state in the prompt: the discretized state (one number per state dim, each a token or more)
+    // is most of the prompt, so "the prompt is long" would send the user to shorten a task text that is not it.
+    std::string where;
+    if (state.defined()) {
+      const int64_t without_state =
+          static_cast<int64_t>(encode("Task: " + cleaned + ", State: ;\nAction: ", /*add_bos=*/true).size());
+      where = " of which the discretized state takes " + std::to_string(n - without_state) + " (" +
+              std::to_string(state.numel()) + " state dims, pi0.5's state in the prompt) and the task text " +
+              std::to_string(without_state) + ";";
+    }
+    warn_once(state.defined() ? "tokenizer: prompt with the discretized state truncated to max_token_len"
+                              : "tokenizer: prompt truncated to max_token_len",
+              "tokenizer: prompt is " + std::to_string(n) + " tokens," + where + " truncated to max_token_len " +
+                  std::to_string(max_token_len) + " (the end of the prompt is lost; raise model.max_token_len): " +
                   quote_value(cleaned));
   }
   TokenizedPrompt out;

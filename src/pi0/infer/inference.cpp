@@ -20,7 +20,18 @@ InferenceInputs make_inputs(const io::Bundle& bundle, const std::map<std::string
   format.norm_stats = &bundle.norm_stats;
   format.adapt_to_pi = bundle.config.data.dataset.adapt_to_pi_enabled();
   format.vocab_size = bundle.config.model.vocab_size;
-  return data::read_observation(tensors, format, source, prompt, tokenizer);
+  try {
+    return data::read_observation(tensors, format, source, prompt, tokenizer);
+  } catch (const UserError& e) {
+    // A mixture's bundle used without --asset: the dims that do not fit the first asset's stats usually fit another.
+    const auto it = tensors.find("state");
+    if (it == tensors.end() || it->second.dim() != 2) throw;
+    const int64_t dims = it->second.size(1);
+    const std::string hint =
+        io::asset_hint(bundle, "the observation's " + std::to_string(dims) + " state dims", dims);
+    if (hint.empty()) throw;
+    throw UserError(std::string(e.what()) + hint);
+  }
 }
 
 torch::Tensor robot_actions(const io::Bundle& bundle, const torch::Tensor& actions_BHA,

@@ -388,6 +388,19 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
     }
     b.config = config::for_dataset(cfg, chosen);
     for (const auto& e : entries) b.assets.push_back(e.asset_id);
+    b.asset_given = !asset.empty();
+    if (entries.size() > 1) {
+      for (size_t i = 0; i < entries.size(); ++i) {
+        Bundle::AssetDims dims{entries[i].asset_id};
+        const fs::path p = d / config::for_dataset(cfg, i).data.norm_stats;
+        if (fs::exists(p)) {
+          const auto stats = data::load_norm_stats(p.string());
+          if (stats.keys.count("state")) dims.state_dim = static_cast<int64_t>(stats.at("state").mean.size());
+          if (stats.keys.count("actions")) dims.action_dim = static_cast<int64_t>(stats.at("actions").mean.size());
+        }
+        b.asset_dims.push_back(dims);
+      }
+    }
   }
   const fs::path stats_path = d / b.config.data.norm_stats;
   b.transform = data::transform_options(b.config).resolved();
@@ -440,6 +453,19 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
   load_model_weights(*b.model, (d / kModelFile).string());
   b.model->eval();
   return b;
+}
+
+std::string asset_hint(const Bundle& bundle, const std::string& what, int64_t state_dim, int64_t min_action_dim) {
+  if (bundle.asset_dims.size() < 2 || bundle.asset_given) return "";
+  std::string all, fit;
+  for (const auto& a : bundle.asset_dims) {
+    all += (all.empty() ? "" : ", ") + a.id + " (state " + std::to_string(a.state_dim) + ", actions " +
+           std::to_string(a.action_dim) + ")";
+    const bool ok = (state_dim < 0 || a.state_dim == state_dim) && (min_action_dim < 0 || a.action_dim >= min_action_dim);
+    if (ok) fit += (fit.empty() ? "" : ", ") + a.id;
+  }
+  return "; the bundle holds assets " + all + " and used '" + bundle.config.checkpoint.asset_id + "' (its first): " +
+         what + (fit.empty() ? " fit none of them" : " fit " + fit) + "; pick one with --asset NAME";
 }
 
 std::optional<torch::ScalarType> parse_compute_dtype(const std::string& v) {

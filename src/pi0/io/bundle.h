@@ -67,6 +67,14 @@ struct Bundle {
   /// data.dataset, data.norm_stats and checkpoint.asset_id are that dataset's)
   config::Config config;
   std::vector<std::string> assets;  ///< every dataset's asset id in the bundle, the default (first) one first
+  /// Each asset's state and action dims (from its norm stats; -1 without them), in `assets` order, when the bundle
+  /// holds several: what asset_hint() names.
+  struct AssetDims {
+    std::string id;
+    int64_t state_dim = -1, action_dim = -1;
+  };
+  std::vector<AssetDims> asset_dims;
+  bool asset_given = false;  ///< --asset named the asset (no hint then: the user chose)
   model::Pi0 model{nullptr};
   data::NormStats norm_stats;    ///< from assets/<asset_id>/norm_stats.json
   std::string tokenizer_path;    ///< <dir>/tokenizer.model
@@ -81,6 +89,13 @@ struct Bundle {
 /// first. Throws pi0::UserError naming the missing or malformed file, or the unknown asset and the bundle's ones.
 Bundle load_bundle(const std::string& dir, const torch::Device& device = torch::kCPU,
                    std::optional<torch::ScalarType> compute_dtype = std::nullopt, const std::string& asset = "");
+
+/// For an error about dims on a bundle with several assets used without --asset (issue 49: the errors said
+/// "recompute the norm stats" where `--asset trossen` was the fix): "; the bundle holds assets a (state 8, actions
+/// 7), b (state 14, actions 14): <what> fit b; pick one with --asset NAME". `state_dim` / `min_action_dim` (-1 =
+/// unknown) select the fitting assets: state dims equal, action dims at least. "" for a bundle of one asset or when
+/// --asset was given.
+std::string asset_hint(const Bundle& bundle, const std::string& what, int64_t state_dim, int64_t min_action_dim = -1);
 
 /// The --dtype flag of pi0-infer and pi0-serve: "" → nullopt (the bundle's precision), bf16|bfloat16, f32|float32.
 std::optional<torch::ScalarType> parse_compute_dtype(const std::string& flag_value);

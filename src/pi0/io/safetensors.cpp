@@ -626,6 +626,7 @@ FileDigest save_safetensors_lazy(const std::string& path, const std::vector<Lazy
   const std::string tmp_path = path + ".tmp";
   require_output_file(path);  // never rename over a device, FIFO or socket (--out /dev/null as root)
   require_output_file(tmp_path);
+  create_parent_directories(path);  // pi0-infer --out results/x.safetensors: the folder is made, as every writer does
   FdGuard fd{::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
   if (fd.fd < 0) throw UserError(tmp_path + ": cannot create (" + errno_text(errno) + ")");
   Xxh3 hash;

@@ -65,6 +65,10 @@ Policy::Policy(io::Bundle bundle, PolicyOptions options)
   if (options_.max_batch < 1)
     throw UserError("--max-batch: got " + std::to_string(options_.max_batch) + ", expected >= 1 (0 = auto)");
   infer::check_rtc_mode_flag(options_.rtc.mode, "--rtc");
+  if (options_.rtc.mode == "trained" && infer::trained_max_delay(bundle_) == 0)  // said at start, not per request
+    spdlog::warn("pi0-serve: --rtc trained, but the bundle was trained without delays (train.rtc_max_delay 0): "
+                 "requests with an inference_delay > 0 will be refused and the metadata offers no RTC mode, so "
+                 "clients chunk plainly; serve it with --rtc auto or guided, or train with train.rtc_max_delay");
   const double beta = options_.rtc.guidance.max_weight;
   if (!(std::isfinite(beta) && beta > 0))
     throw UserError("--rtc-max-weight: got " + c10::str(beta) + ", expected a number > 0");
@@ -84,7 +88,8 @@ Policy::Policy(io::Bundle bundle, PolicyOptions options)
   const int64_t want = robot_action_dims(options_.robot);
   if (want > bundle_dims)
     throw UserError("--robot " + robot_name(options_.robot) + ": the bundle's actions have " + std::to_string(bundle_dims) +
-                    " dims (its norm stats 'actions'), expected >= " + std::to_string(want) + " for this robot");
+                    " dims (its norm stats 'actions'), expected >= " + std::to_string(want) + " for this robot" +
+                    io::asset_hint(bundle_, "the robot's " + std::to_string(want) + " action dims", -1, want));
   action_dims_ = want > 0 ? want : bundle_dims;
   bundle_.model->set_cuda_graph(device_.is_cuda());
   tokenizer_ = std::make_unique<data::Tokenizer>(bundle_.tokenizer_path);

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "pi0/common/check.h"
+#include "pi0/common/files.h"
 #include "pi0/config/config.h"
 #include "support/test_support.h"
 
@@ -101,6 +102,14 @@ TEST_CASE("a missing or malformed config file gives a one-line error", "[unit][c
   REQUIRE_THROWS_WITH(load_config("/nonexistent/run.yaml"),
                       Contains("config file '/nonexistent/run.yaml' does not exist"));
   REQUIRE_THROWS_AS(load_config("/nonexistent/run.yaml"), pi0::UserError);
+  // Issue 49 item 11: a relative path says where it was looked for.
+  const std::string cwd = std::filesystem::current_path().string();
+  REQUIRE_THROWS_WITH(load_config("no_such_dir/run.yaml"),
+                      "config file 'no_such_dir/run.yaml' does not exist (relative paths are resolved from the "
+                      "working directory '" + cwd + "')");
+  CHECK(pi0::relative_path_note("/abs/x.json").empty());
+  CHECK(pi0::relative_path_note("assets/x/norm_stats.json") ==
+        " (relative paths are resolved from the working directory '" + cwd + "', not from the config file's folder)");
   // A directory opens as a stream on Linux and used to fail while reading, as an internal error.
   const auto dir = std::filesystem::temp_directory_path().string();
   REQUIRE_THROWS_AS(load_config(dir), pi0::UserError);

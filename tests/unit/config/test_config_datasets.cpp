@@ -133,3 +133,40 @@ TEST_CASE("data.datasets refuses bad entries with one line naming the key", "[un
   CHECK_THROWS_WITH(parse(two, {"data.dataset.paths=[c.hdf5]"}), Contains("data.dataset and data.datasets are both set"));
   CHECK_NOTHROW(parse(two, {"checkpoint.keep_best=1", "data.validation_split=0.2"}));
 }
+
+// Issue 49 item 7: --set reaches a mixture entry, addressed as the messages name it (data.datasets[1]); it used to
+// be refused as an unknown key. An index past the list is refused naming the entries there are.
+TEST_CASE("config overrides reach a mixture entry by its index and an index past the list is refused", "[unit][config]") {
+  const auto c = parse(kMixture, {"data.datasets[1].prompt=fold the towel", "data.datasets[0].weight=5",
+                                  "data.datasets[1].cameras.left_wrist_0_rgb=observation.images.wrist"});
+  REQUIRE(c.data.datasets.size() == 2);
+  CHECK(c.data.datasets[1].prompt == "fold the towel");
+  CHECK(c.data.datasets[0].prompt.empty());
+  CHECK(c.data.datasets[0].weight == 5.0);
+  CHECK(c.data.datasets[1].cameras.at("left_wrist_0_rgb") == "observation.images.wrist");
+  CHECK(c.data.datasets[1].cameras.at("base_0_rgb") == "observation.images.top");  // the rest of the entry stays
+  // A whole entry, as YAML.
+  const auto whole = parse(kMixture, {"data.datasets[0]={paths: [x.hdf5], norm_stats: x.json}"});
+  CHECK(whole.data.datasets[0].paths == std::vector<std::string>{"x.hdf5"});
+  CHECK(whole.data.datasets[0].weight == 1.0);
+  // Keys inside an entry are checked as the file's are.
+  CHECK_THROWS_WITH(parse(kMixture, {"data.datasets[1].promt=x"}), Contains("unknown key 'data.datasets[1].promt'") &&
+                                                                      Contains("did you mean 'data.datasets[1].prompt'"));
+  CHECK_THROWS_WITH(parse(kMixture, {"data.datasets[2].prompt=x"}),
+                    "--set data.datasets[2].prompt: data.datasets has 2 entries (data.datasets[0]..data.datasets[1]), "
+                    "so there is no data.datasets[2]; give the whole list to add one (data.datasets=[...])");
+  CHECK_THROWS_WITH(parse("data: {dataset: {paths: [a.hdf5]}}\n", {"data.datasets[0].prompt=x"}),
+                    Contains("data.datasets has 0 entries, so there is no data.datasets[0]"));
+  CHECK_THROWS_WITH(parse(kMixture, {"data.datasets[x].prompt=x"}),
+                    Contains("'datasets[x]' is not a key or an entry of a list"));
+  CHECK_THROWS_WITH(parse(kMixture, {"data.datasets.prompt=x"}),
+                    Contains("'datasets' is not a section but a list (address an entry as data.datasets[0])"));
+}
+
+// Issue 49 item 11: a scalar where a list is expected says the list form of what was written.
+TEST_CASE("train.loss_mask given as one value suggests the list of one", "[unit][config]") {
+  CHECK_THROWS_WITH(parse("train: {loss_mask: []}\n", {"train.loss_mask=action_padding"}),
+                    "run.yaml: train.loss_mask must be a list (got 'action_padding'); write [action_padding] for a "
+                    "list of one");
+  CHECK(loss_mask(parse("train: {loss_mask: []}\n", {"train.loss_mask=[action_padding]"}).train).action_padding);
+}

@@ -159,6 +159,26 @@ TEST_CASE("dataset: none of the configured cameras in the file is an error listi
   CHECK_NOTHROW(RobotDataset(o));
 }
 
+// Issue 49 item 11: with pi0.5's state in the prompt, the discretized state is most of the tokens: the warning says
+// how many are the state's, so the user raises model.max_token_len instead of shortening the task text.
+TEST_CASE("tokenizer: a truncated pi0.5 prompt says how many tokens the discretized state takes", "[unit][data][inputs]") {
+  const auto tok = test::tiny_tokenizer();
+  const std::string key = "tokenizer: prompt with the discretized state truncated to max_token_len";
+  LogCapture log;
+  const int64_t before = warn_once_count(key);
+  const auto state = torch::linspace(-0.9, 0.9, 32);
+  const auto full = tok->tokenize("pick", 400, state);
+  const int64_t n = full.mask.sum().item<int64_t>();
+  tok->tokenize("pick", 16, state);
+  CHECK(warn_once_count(key) == before + 1);
+  if (before == 0) {
+    CHECK_THAT(log.text(), Contains("tokenizer: prompt is " + std::to_string(n) + " tokens, of which the discretized "
+                                    "state takes ") &&
+                               Contains("(32 state dims, pi0.5's state in the prompt) and the task text ") &&
+                               Contains("truncated to max_token_len 16") && Contains("raise model.max_token_len"));
+  }
+}
+
 TEST_CASE("tokenizer: a too-long prompt warns once per run and quotes at most 200 characters", "[unit][data][inputs]") {
   const auto tok = test::tiny_tokenizer();
   std::string prompt;

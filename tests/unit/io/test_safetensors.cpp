@@ -503,10 +503,15 @@ TEST_CASE("save_safetensors rejects bad input and leaves the old file intact", "
     REQUIRE(read_bytes(path) == old_bytes);
     fs::remove(path + ".tmp");
   }
-  SECTION("directory does not exist") {
-    const std::string missing = dir.file("no_such_dir/model.safetensors");
-    REQUIRE_THROWS_WITH(save_safetensors(missing, {{"w", torch::ones({1})}}),
-                        Catch::Contains("no_such_dir/model.safetensors.tmp: cannot create (No such file"));
+  SECTION("a folder that does not exist is created; one that cannot be is named, not the temporary") {
+    const std::string missing = dir.file("no_such_dir/deeper/model.safetensors");
+    save_safetensors(missing, {{"w", torch::ones({1})}});
+    REQUIRE(SafetensorsFile(missing).contains("w"));
+    std::ofstream(dir.file("a_file")) << "x";
+    const std::string blocked = dir.file("a_file/sub/model.safetensors");
+    REQUIRE_THROWS_WITH(save_safetensors(blocked, {{"w", torch::ones({1})}}),
+                        blocked + ": cannot create its folder '" + dir.file("a_file/sub") + "' ('" + dir.file("a_file") +
+                            "' is a regular file)");
   }
   SECTION("a successful save replaces the old file and leaves no temporary") {
     save_safetensors(path, {{"new", torch::zeros({2})}});

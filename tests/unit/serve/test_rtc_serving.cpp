@@ -12,6 +12,7 @@
 
 #include "pi0/serve/policy.h"
 #include "pi0/serve/server.h"
+#include "support/log_capture.h"
 #include "unit/serve/serve_fixture.h"
 
 using namespace pi0;
@@ -384,4 +385,25 @@ TEST_CASE("pi0-serve and pi0-infer: bad --rtc flag values are one-line errors wi
       CHECK_THAT(r.err, Contains(c.expected));
     }
   }
+}
+
+// Issue 49 item 11: --rtc trained on a bundle trained without delays warns at start (it used to say nothing until
+// the first request was refused); a bundle trained with delays starts without the warning.
+TEST_CASE("pi0-serve: --rtc trained on a bundle trained without delays warns at start", "[serve][rtc]") {
+  TempDir dir("pi0serve_rtc_warn");
+  const auto plain = make_tiny_bundle(dir, "libero");
+  {
+    testing::LogCapture log;
+    serve::Policy policy(io::load_bundle(plain.bundle), rtc_options(plain, "trained"));
+    CHECK_THAT(log.text(), Contains("pi0-serve: --rtc trained, but the bundle was trained without delays "
+                                    "(train.rtc_max_delay 0)") &&
+                               Contains("serve it with --rtc auto or guided"));
+    policy.stop();
+  }
+  TempDir dir2("pi0serve_rtc_warn_trained");
+  const auto trained = make_tiny_bundle(dir2, "libero", torch::kFloat32, "", kTrainedDelay);
+  testing::LogCapture log;
+  serve::Policy policy(io::load_bundle(trained.bundle), rtc_options(trained, "trained"));
+  CHECK(log.text().find("trained without delays") == std::string::npos);
+  policy.stop();
 }

@@ -317,7 +317,8 @@ TEST_CASE("pi0-serve: /healthz, --api-key and --max-clients at the handshake", "
 
 namespace {
 
-// openpi-client==0.1.2 (and typing_extensions, which it imports but does not declare) in <build>/serve_venv;
+// openpi-client==0.1.2 (and typing_extensions, which it imports but does not declare) in <build>/serve_venv, with
+// the install line docs/serving.md and examples/rtc_client.py give users (issue 49: theirs lacked typing_extensions);
 // created once, under a lock (test cases run in parallel). Returns the venv's python, or "" after a skip naming
 // why the venv could not be made (no python3-venv, no PyPI access: prerequisites of the test, not of pi0-serve).
 std::string openpi_client_python(const TempDir& dir) {
@@ -328,7 +329,7 @@ std::string openpi_client_python(const TempDir& dir) {
   const std::string cmd =
       "flock " + venv + ".lock sh -c '" + venv + "/bin/python -c \"import openpi_client.websocket_client_policy\" 2>/dev/null || { rm -rf " +
       venv + " && " + python + " -m venv " + venv + " && " + venv +
-      "/bin/pip install -q --disable-pip-version-check openpi-client==0.1.2 typing_extensions; }' > " + log + " 2>&1";
+      "/bin/pip install -q --disable-pip-version-check openpi-client==0.1.2 typing_extensions==4.16.0 numpy==1.26.4; }' > " + log + " 2>&1";
   const int rc = std::system(cmd.c_str());
   std::ifstream in(log);
   const std::string text((std::istreambuf_iterator<char>(in)), {});
@@ -527,4 +528,64 @@ TEST_CASE("pi0-serve: examples/rtc_client.py runs a real-time chunk queue and ev
     }
     CHECK(app.stop(SIGTERM) == 0);
   }
+}
+
+// Issue 49 items 1-3: the client as a newcomer runs it after the quickstart: a LIBERO bundle served with pi0-serve's
+// defaults and the client without --robot (it used to default to aloha and end in KeyError: 'reply'). The robot
+// comes from the server's metadata, and the output shows whether RTC worked: each seam jump next to the per-tick
+// step of the executed actions, late answers and stalls flagged per chunk. A client sending the wrong robot's keys
+// prints the server's error line and exits 1.
+TEST_CASE("pi0-serve: examples/rtc_client.py takes the robot from the metadata and prints seams, or the server's error", "[serve]") {
+  TempDir dir("pi0serve_rtc_newcomer");
+  const std::string python = openpi_client_python(dir);
+  if (python.empty()) return;
+  const auto b = make_tiny_bundle(dir, "libero");
+  AppProcess app("pi0-serve", "--bundle " + b.bundle + " --host 127.0.0.1 --port 0 --num-steps 3", dir, "serve_newcomer");
+  const int port = app.port();
+  INFO("pi0-serve stderr: " << app.stderr_text());
+  REQUIRE(port > 0);
+  const std::string client = "timeout 300 " + python + " " + std::string(PI0_SOURCE_DIR) + "/examples/rtc_client.py --port " +
+                             std::to_string(port);
+  const std::string summary = dir.str("summary.json"), log = dir.str("client.log"), err = dir.str("client.err");
+  const int rc = std::system((client + " --hz 10 --steps 30 --threshold 2 --json " + summary + " > " + log + " 2> " + err).c_str());
+  const std::string out = testing::read_text(log);
+  INFO("rtc_client.py stdout: " << out << "\nstderr: " << testing::read_text(err));
+  REQUIRE(rc == 0);
+  CHECK_THAT(out, Contains("client: robot libero (the server's), state dims 8"));
+  CHECK_THAT(out, Contains("in the robot's action units"));
+  CHECK_THAT(out, Contains("chunk 2: latency "));
+  CHECK_THAT(out, Contains(" vs per-tick step "));
+  CHECK_THAT(out, Contains("vs median per-tick step"));
+  const auto s = nlohmann::json::parse(testing::read_text(summary));
+  CHECK(s.at("robot") == "libero");
+  REQUIRE(s.at("chunks").get<int64_t>() >= 2);
+  const auto& jumps = s.at("seam_jumps");
+  const auto& late = s.at("late");
+  const auto& ran = s.at("executed_during");
+  REQUIRE(jumps.size() + 1 == s.at("chunks").get<size_t>());
+  REQUIRE(s.at("tick_steps").size() == jumps.size());
+  REQUIRE(s.at("stalls_per_chunk").size() == jumps.size());
+  for (size_t i = 0; i < jumps.size(); ++i) {
+    INFO("chunk " << i + 2);
+    CHECK(jumps[i].get<double>() >= 0);
+    // Late means more rows executed than the delay sent, and it is said on that chunk's line.
+    CHECK(late[i].get<bool>() == (ran[i].get<int64_t>() > s.at("delays")[i].get<int64_t>()));
+    if (late[i].get<bool>()) CHECK_THAT(out, Contains("chunk " + std::to_string(i + 2) + ": ") && Contains("LATE: "));
+  }
+  int64_t stalls = 0;
+  for (const auto& n : s.at("stalls_per_chunk")) stalls += n.get<int64_t>();
+  CHECK(stalls <= s.at("stalls").get<int64_t>());
+
+  // The wrong robot's keys: the server's own line, on the client's stderr, and exit 1 (was KeyError: 'reply').
+  const int wrong = std::system((client + " --robot aloha --hz 10 --steps 5 > " + log + " 2> " + err).c_str());
+  const std::string werr = testing::read_text(err);
+  INFO("wrong robot: stdout " << testing::read_text(log) << "\nstderr: " << werr);
+  CHECK(WIFEXITED(wrong));
+  CHECK(WEXITSTATUS(wrong) == 1);
+  CHECK_THAT(werr, Contains("--robot aloha, but the server serves robot libero"));
+  CHECK_THAT(werr, Contains("rtc_client: the server refused the request: ") &&
+                       Contains("missing key 'observation/state'"));
+  CHECK(werr.find("KeyError") == std::string::npos);
+  CHECK(werr.find("Traceback") == std::string::npos);
+  CHECK(app.stop(SIGTERM) == 0);
 }
