@@ -2,8 +2,10 @@
 //   pi0-infer --bundle DIR --obs obs.safetensors --out actions.safetensors [--prompt "..."]
 //             [--noise noise.safetensors] [--num-steps 10] [--device cpu|cuda[:N]] [--loss]
 //             [--rtc auto|guided|trained|off] [--rtc-jacobian identity|exact] [--rtc-schedule exp|...] ...
+//             [--prev-actions previous_out.safetensors [--prev-executed S] [--inference-delay D]]
 // The observation file may carry the previous chunk of real-time chunking (prev_action_chunk, inference_delay,
-// execute_horizon), read as pi0-serve reads them from a request.
+// execute_horizon), read as pi0-serve reads them from a request; or --prev-actions gives a previous answer's rows
+// from S on with delay D (the quickstart's RTC request).
 // Observation keys (openpi names) and outputs: docs/formats.md, "Observation files for pi0-infer".
 // Flags and exit codes: pi0-infer --help.
 #include <cstdio>
@@ -37,6 +39,9 @@ struct Args {
   pi0::infer::RtcSettings rtc;
   int64_t num_steps = 10;
   bool loss = false;
+  // Real-time chunking from the shell: the previous answer as a file instead of keys in the observation file.
+  std::string prev_actions;
+  std::optional<int64_t> prev_executed, inference_delay;
 };
 
 // `what` in `tensors` as float32 of exactly `shape`; UserError naming the file and key otherwise.
@@ -84,7 +89,22 @@ int infer_main(int argc, char** argv) {
                   "holds one per dataset; default: the bundle's first, its config.json asset_id)")
       ->check(pi0::app::non_empty());
   pi0::app::add_rtc_options(*cli, args.rtc);
+  cli->add_option("--prev-actions", args.prev_actions,
+                  "real-time chunking: a previous pi0-infer --out; its actions_unnormalized rows from --prev-executed "
+                  "on are this request's prev_action_chunk (instead of the observation file's keys)")
+      ->check(pi0::app::non_empty());
+  cli->add_option("--prev-executed", args.prev_executed,
+                  "with --prev-actions: rows of that answer executed before this observation was taken (default 0)")
+      ->check(pi0::app::int_in(0));
+  cli->add_option("--inference-delay", args.inference_delay,
+                  "with --prev-actions: rows that execute while this request runs, d (default 0)")
+      ->check(pi0::app::int_in(0));
   if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
+  if (args.prev_actions.empty() && (args.prev_executed || args.inference_delay)) {
+    throw pi0::UserError(std::string(args.prev_executed ? "--prev-executed" : "--inference-delay") +
+                         ": needs --prev-actions FILE (the previous answer; or put prev_action_chunk and "
+                         "inference_delay into the observation file)");
+  }
   const std::optional<torch::ScalarType> dtype = pi0::io::parse_compute_dtype(args.dtype);
   spdlog::info("{}", pi0::set_num_threads(0).describe());  // every available CPU
   const torch::Device device = pi0::app::parse_device("--device", args.device);
@@ -144,9 +164,30 @@ int infer_main(int argc, char** argv) {
   };
   pi0::model::RtcRequest rtc;
   if (args.rtc.mode != "off") {  // off: the keys are ignored, as pi0-serve ignores them
-    const auto chunk = pi0::infer::previous_chunk(file_tensor("prev_action_chunk"), file_tensor("inference_delay"),
-                                                  file_tensor("execute_horizon"), B, args.obs);
-    rtc = pi0::infer::rtc_request(bundle, args.rtc, chunk, inputs.raw_state, args.obs);
+    auto prev = file_tensor("prev_action_chunk"), delay = file_tensor("inference_delay");
+    std::string source = args.obs;
+    if (!args.prev_actions.empty()) {
+      if (prev.defined() || delay.defined()) {
+        throw pi0::UserError("--prev-actions: " + args.obs + " already holds prev_action_chunk or inference_delay; "
+                             "give the previous chunk one way, not both");
+      }
+      const auto answer = pi0::io::read_safetensors(args.prev_actions);
+      auto it = answer.find("actions_unnormalized");
+      if (it == answer.end() || it->second.dim() != 3) {
+        throw pi0::UserError("--prev-actions: " + args.prev_actions + " has no actions_unnormalized [B,H,D]; expected "
+                             "a pi0-infer --out file");
+      }
+      const int64_t rows = it->second.size(1), executed = args.prev_executed.value_or(0);
+      if (executed >= rows) {
+        throw pi0::UserError("--prev-executed: got " + std::to_string(executed) + ", but " + args.prev_actions +
+                             " holds " + std::to_string(rows) + " rows; expected 0.." + std::to_string(rows - 1));
+      }
+      prev = it->second.narrow(1, executed, rows - executed);  // the rows not yet executed, row 0 next
+      delay = torch::tensor(args.inference_delay.value_or(0), torch::kInt64);
+      source = "--prev-actions " + args.prev_actions;
+    }
+    const auto chunk = pi0::infer::previous_chunk(prev, delay, file_tensor("execute_horizon"), B, source);
+    rtc = pi0::infer::rtc_request(bundle, args.rtc, chunk, inputs.raw_state, source);
   }
   bundle.model->set_cuda_graph(args.cuda_graph == "on" && device.is_cuda());
   pi0::model::SampleTiming timing;

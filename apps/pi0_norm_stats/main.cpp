@@ -83,7 +83,6 @@ int norm_stats_main(int argc, char** argv) {
     // The datasets, horizon and delta mask of a training config; each dataset's stats go to its own norm_stats
     // (data.norm_stats for a single dataset).
     const auto cfg = pi0::config::load_config(config_path, overrides);
-    stats_opt.delta_action_mask = cfg.data.delta_action_mask;
     const auto entries = pi0::config::dataset_entries(cfg);
     if (entries.size() > 1 && !out.empty())
       throw pi0::UserError("--out: " + config_path + " lists " + std::to_string(entries.size()) +
@@ -101,6 +100,8 @@ int norm_stats_main(int argc, char** argv) {
                              path + "'; give each dataset its own norm_stats");
       }
       written[path] = key;
+      // Each entry's stats over its own deltas (its data.datasets[i].delta_action_mask, else data.delta_action_mask).
+      stats_opt.delta_action_mask = one.data.delta_action_mask;
       write_stats(pi0::data::dataset_options(one, key), stats_opt, path);
     }
     return 0;

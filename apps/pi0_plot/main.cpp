@@ -3,7 +3,9 @@
 // One panel per key, step on the x axis. Without --keys: the loss on a log axis and the learning rate, and when the run
 // held episodes out for validation (records {"step", "val_loss", "val_action_mse"} every train.val_interval steps)
 // the validation loss drawn over the training loss in the same panel (one axis: over- or underfitting reads off the
-// gap between the two lines) and a val_action_mse panel, log axis too. Flags, exit codes: pi0-plot --help.
+// gap between the two lines) and a val_action_mse panel, log axis too; a mixture's per-dataset values
+// ("val_loss/<asset id>", "val_action_mse/<asset id>") are further lines in those two panels, one colour per dataset.
+// Flags, exit codes: pi0-plot --help.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -64,6 +66,27 @@ int plot_main(int argc, char** argv) {
 
   const std::vector<pi0::train::Rgb> colors = {{31, 119, 180}, {214, 39, 40}, {44, 160, 44}, {148, 103, 189}};
   const pi0::train::Rgb val_color = {255, 127, 14};  // none of the panel colours
+  // A mixture's datasets, in the order their keys first appear (their data.datasets order), each with a colour of
+  // its own in both panels: none of the colours above.
+  std::vector<std::string> datasets;
+  for (const auto& r : records) {
+    for (auto it = r.begin(); it != r.end(); ++it) {
+      const std::string prefix = "val_loss/";
+      if (it.key().rfind(prefix, 0) != 0) continue;
+      const auto name = it.key().substr(prefix.size());
+      if (std::find(datasets.begin(), datasets.end(), name) == datasets.end()) datasets.push_back(name);
+    }
+  }
+  const std::vector<pi0::train::Rgb> dataset_colors = {
+      {23, 190, 207}, {188, 189, 34}, {227, 119, 194}, {140, 86, 75}, {127, 127, 127}, {0, 0, 0}};
+  // val_loss over the loss panel, val_action_mse in its own: the datasets' lines join the aggregate's.
+  const auto add_dataset_lines = [&](const std::string& metric, pi0::train::PlotSeries& panel) {
+    for (size_t i = 0; default_keys && i < datasets.size(); ++i) {
+      pi0::train::PlotLine line{metric + "/" + datasets[i], {}, {}, dataset_colors[i % dataset_colors.size()]};
+      read_key(line.label, line.x, line.y);
+      if (!line.x.empty()) panel.overlays.push_back(std::move(line));
+    }
+  };
   std::vector<pi0::train::PlotSeries> panels;
   for (size_t k = 0; k < keys.size(); ++k) {
     pi0::train::PlotSeries s;
@@ -76,7 +99,9 @@ int plot_main(int argc, char** argv) {
       pi0::train::PlotLine val{"val_loss", {}, {}, val_color};
       read_key("val_loss", val.x, val.y);
       s.overlays.push_back(std::move(val));
+      add_dataset_lines("val_loss", s);
     }
+    if (keys[k] == "val_action_mse") add_dataset_lines("val_action_mse", s);
     panels.push_back(std::move(s));
   }
   pi0::train::write_png(out, pi0::train::plot_panels(panels, width, height, "step"));

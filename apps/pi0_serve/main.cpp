@@ -1,5 +1,5 @@
 // pi0-serve: serves an inference bundle (pi0-export) to robot runtimes over openpi's websocket protocol.
-//   pi0-serve --bundle DIR [--host 0.0.0.0] [--port 8000] [--device cpu|cuda[:N]] [--robot libero|aloha|droid|raw]
+//   pi0-serve --bundle DIR | --checkpoint RUN_DIR [--best]  [--host 0.0.0.0] [--port 8000] [--device cpu|cuda[:N]] [--robot libero|aloha|droid|raw]
 //             [--num-steps 10] [--dtype bf16|f32] [--api-key KEY] [--max-clients N] [--metadata key=json]
 //             [--rtc auto|guided|trained|off] [--rtc-jacobian identity|exact] [--rtc-schedule exp|...] ...
 // Protocol, profiles and errors: docs/serving.md. Flags and exit codes: pi0-serve --help.
@@ -14,6 +14,7 @@
 
 #include "pi0/app/cli.h"
 #include "pi0/common/check.h"
+#include "pi0/common/fs.h"
 #include "pi0/common/interrupt.h"
 #include "pi0/common/threads.h"
 #include "pi0/infer/inference.h"
@@ -21,11 +22,14 @@
 #include "pi0/io/safetensors.h"
 #include "pi0/serve/policy.h"
 #include "pi0/serve/server.h"
+#include "pi0/train/best_checkpoint.h"
 #include "pi0/train/signals.h"
 
 namespace {
 
 struct Args {
+  std::string checkpoint;
+  bool best = false;
   std::string bundle, host = "0.0.0.0", device = "cpu", robot = "libero", dtype, api_key, noise, asset;
   std::optional<std::string> default_prompt;
   std::vector<std::string> metadata;
@@ -37,8 +41,16 @@ int serve_main(int argc, char** argv) {
   Args args;
   auto cli = pi0::app::make_parser("pi0-serve",
                                    "Serves an inference bundle to robot runtimes over openpi's websocket protocol.");
-  cli->add_option("--bundle", args.bundle, "inference bundle directory (pi0-export)")
-      ->required()->check(pi0::app::non_empty());
+  cli->add_option("--bundle", args.bundle, "inference bundle directory (pi0-export); or --checkpoint")
+      ->check(pi0::app::non_empty());
+  cli->add_option("--checkpoint", args.checkpoint,
+                  "instead of --bundle: a run directory (its newest checkpoint, or with --best its best) or one "
+                  "checkpoint, exported as pi0-export does (EMA weights, bf16) to a temporary bundle under $TMPDIR "
+                  "that is removed once loaded")
+      ->check(pi0::app::non_empty());
+  cli->add_flag("--best", args.best,
+                "with --checkpoint RUN_DIR: serve the checkpoint with the lowest val_loss as checkpoint.keep_best "
+                "ranks them (pi0-export --best's)");
   cli->add_option("--host", args.host, "address to listen on (127.0.0.1 keeps it local)")->check(pi0::app::non_empty());
   cli->add_option("--port", args.port, "TCP port; 0 = any free port (the chosen one is printed)")
       ->check(pi0::app::int_in(0, 65535));
@@ -77,6 +89,15 @@ int serve_main(int argc, char** argv) {
   cli->footer("Exit codes: 0 stopped by SIGINT/SIGTERM, 1 internal error, 2 bad input (one line on stderr naming "
               "the flag or file).");
   if (auto done = pi0::app::parse(*cli, argc, argv)) return *done;
+  if (args.bundle.empty() == args.checkpoint.empty()) {
+    throw pi0::UserError(args.bundle.empty() ? "--bundle: missing; give a bundle (pi0-export --out) or --checkpoint "
+                                               "RUN_DIR to serve a run's checkpoint"
+                                             : "--bundle and --checkpoint: give one of them, not both");
+  }
+  if (args.best && args.checkpoint.empty()) {
+    throw pi0::UserError("--best: needs --checkpoint RUN_DIR (a bundle holds one model already; pi0-export --best "
+                         "picks a run's best)");
+  }
   const torch::Device device = pi0::app::parse_device("--device", args.device);
   // On the CPU every available core, as pi0-infer: the same arithmetic. On CUDA the host only prepares requests
   // (small tensors), and a large intra-op pool costs more in wake-ups than it saves: on a 16-core H100 machine, pi0
@@ -109,8 +130,28 @@ int serve_main(int argc, char** argv) {
   so.max_frame_bytes = static_cast<size_t>(args.max_frame_mb) << 20;
 
   // The bundle's precision unless --dtype says otherwise: pi0-infer's rule, so both answer alike.
-  pi0::serve::Policy policy(
-      pi0::io::load_bundle(args.bundle, device, pi0::io::parse_compute_dtype(args.dtype), args.asset), po);
+  // --checkpoint: exported once to a temporary bundle, removed once the policy has loaded it (the model and the
+  // tokenizer), so nothing is left behind whatever happens to the server later.
+  struct TempBundle {
+    std::string dir;
+    ~TempBundle() {
+      std::error_code ec;
+      if (!dir.empty()) pi0::posix_fs::remove_all(dir, ec);
+    }
+  } temp;
+  std::string bundle_dir = args.bundle, served = args.bundle;
+  if (!args.checkpoint.empty()) {
+    const auto report = pi0::train::export_to_temp(args.checkpoint, args.best, {});
+    temp.dir = bundle_dir = report.out_dir;
+    served = report.checkpoint_dir;
+  }
+  auto bundle = pi0::io::load_bundle(bundle_dir, device, pi0::io::parse_compute_dtype(args.dtype), args.asset);
+  bundle.dir = served;  // what the metadata's "bundle" names: the checkpoint, not the temporary copy
+  pi0::serve::Policy policy(std::move(bundle), po);
+  if (!temp.dir.empty()) {
+    pi0::posix_fs::remove_all(temp.dir);
+    temp.dir.clear();
+  }
   {
     pi0::serve::Server server(policy, so);
     pi0::interruption_point();  // a SIGINT/SIGTERM during the load: stop before serving anyone

@@ -1,6 +1,6 @@
 // pi0-train: fine-tune pi0 / pi0.5 from a YAML config.
 //   pi0-train --config run.yaml [--set section.key=value ...] [--resume [--new-validation-set]]
-//             [--print-params [--world-size N] [--json]]
+//             [--print-params [--world-size N] [--card-gib 16,32,96,141] [--json]]
 //             [--dump-batches N DIR] [--profile-steps N [--profile-dir DIR]]
 // Data parallel: launch one process per GPU (or CPU rank) with torchrun --no-python or SLURM srun; the rank, world
 // size and rendezvous come from the environment (see docs/distributed.md).
@@ -35,6 +35,7 @@ struct Args {
   std::vector<std::string> overrides;
   bool resume = false, new_validation_set = false, print_params = false, json = false, reference = false;
   int64_t world_size = 0;  ///< --world-size; 0: the launcher's WORLD_SIZE (1 outside a launched job)
+  std::string card_gib;    ///< --card-gib: the fit table's cards ("16,32,96,141"); empty: 24, 40, 48, 80
   std::vector<std::string> dump;  ///< --dump-batches N DIR
   int64_t profile_steps = 0;      ///< --profile-steps N: steps the profiler records (0: off)
   std::string profile_dir;        ///< --profile-dir DIR; empty: <checkpoint.run_dir>/profile
@@ -69,8 +70,10 @@ int print_params(const pi0::config::Config& cfg, const Args& args) {
   // a torchrun/srun job reports that job's per-rank figures), else a single process.
   const int64_t world_size =
       args.world_size > 0 ? args.world_size : pi0::distributed::dist_env_from_environment().world_size;
-  if (args.json) std::cout << pi0::train::memory_report_json(cfg, world_size, args.resume).dump(2) << "\n";
-  else std::cout << pi0::train::format_memory_report(cfg, world_size, args.resume);
+  const auto cards =
+      args.card_gib.empty() ? pi0::train::common_cards_gib() : pi0::train::parse_card_gib(args.card_gib, "--card-gib");
+  if (args.json) std::cout << pi0::train::memory_report_json(cfg, world_size, args.resume, cards).dump(2) << "\n";
+  else std::cout << pi0::train::format_memory_report(cfg, world_size, args.resume, cards);
   return 0;
 }
 
@@ -117,6 +120,10 @@ int train_main(int argc, char** argv) {
                   "with --print-params: plan for this many data-parallel ranks (dist.shard decides what they "
                   "split; default: WORLD_SIZE of a launched job, else 1)")
       ->check(pi0::app::int_in(1))
+      ->needs(print);
+  cli->add_option("--card-gib", args.card_gib,
+                  "with --print-params: the GPU memory sizes (GiB, comma-separated, e.g. 16,32,96,141) of the "
+                  "card-fit table; default 24,40,48,80")
       ->needs(print);
   cli->add_option("--dump-batches", args.dump,
                   "write the first N samples training reads to the new directory DIR (frames as read and as the model "

@@ -2,6 +2,8 @@
 // checkpoint and resumed, then tests/train/read_tensorboard.py (PyPI's tensorboard, pinned, in a venv under the build
 // folder) reads the event files. Every metrics.jsonl value must come back at its step as the same float32, the first
 // batch's camera views at step 0, one file per start and no step twice; a record torn by a kill is skipped.
+// A mixture of two datasets: its per-dataset validation values (val_loss/<asset id>, issue 49 item 10) are among
+// those compared.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -10,10 +12,15 @@
 #include <iterator>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
 #include "pi0/common/fs.h"
+#include "pi0/config/config.h"
+#include "pi0/data/dataset.h"
+#include "pi0/data/example_data.h"
+#include "pi0/data/norm_stats.h"
 #include "pi0/io/checkpoint_dir.h"
 #include "pi0/train/metrics.h"
 #include "pi0/train/trainer.h"
@@ -98,13 +105,42 @@ TEST_CASE("tensorboard: TensorBoard's reader reads every metrics.jsonl value, th
           "[integration][train]") {
   const auto python = tensorboard_python();
   if (python.empty()) return;
+  // A mixture of two datasets, so the per-dataset validation values (val_loss/<asset id>) are among those checked.
   TinyRun run;
-  const auto config = [&](int64_t steps) {
-    return run.config("tb", {"train.tensorboard=true", "data.validation_split=0.34", "train.val_samples=6",
-                             "train.ema_decay=0", "train.num_steps=" + std::to_string(steps), "train.val_interval=2",
-                             "checkpoint.save_interval=2"});
-  };
+  data::ExampleDataOptions eo;
+  eo.episodes = 4;
+  eo.steps = 20;
+  eo.seed = 3;
+  data::write_example_libero(run.dir.str("second"), eo);
+  data::DatasetOptions d;
+  d.paths = {run.dir.str("second") + "/*.hdf5"};
+  d.action_horizon = 8;
+  data::save_norm_stats(data::compute_norm_stats(data::RobotDataset(d)), run.dir.str("second_stats.json"));
+  const auto yaml = run.dir.str("tb.yaml");
+  {
+    auto cfg = YAML::LoadFile(std::string(PI0_SOURCE_DIR) + "/configs/debug.yaml");
+    cfg["data"].remove("dataset");
+    cfg["data"].remove("norm_stats");
+    for (const auto& [glob, stats, asset] :
+         std::vector<std::tuple<std::string, std::string, std::string>>{
+             {run.data_glob, run.norm_stats, "first"}, {d.paths[0], run.dir.str("second_stats.json"), "second"}}) {
+      YAML::Node entry;
+      entry["format"] = "libero";
+      entry["paths"].push_back(glob);
+      entry["norm_stats"] = stats;
+      entry["asset_id"] = asset;
+      cfg["data"]["datasets"].push_back(entry);
+    }
+    std::ofstream(yaml) << YAML::Dump(cfg);
+  }
   const auto run_dir = run.dir.str("tb");
+  const auto config = [&](int64_t steps) {
+    return config::load_config(
+        yaml, {"data.tokenizer=" + std::string(PI0_SOURCE_DIR) + "/data/tokenizer/tiny_spm.model",
+               "checkpoint.run_dir=" + run_dir, "train.log_interval=1", "train.batch_size=8", "data.num_workers=1",
+               "train.tensorboard=true", "data.validation_split=0.34", "train.val_samples=8", "train.ema_decay=0",
+               "train.num_steps=" + std::to_string(steps), "train.val_interval=2", "checkpoint.save_interval=2"});
+  };
   {
     train::Trainer a(config(4));
     a.run();

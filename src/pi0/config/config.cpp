@@ -653,11 +653,16 @@ void validate(const Config& c) {
           "train.gradient_checkpointing", "'" + t.gradient_checkpointing + "'", "false, true or auto");
   require(t.device == "cpu" || t.device.rfind("cuda", 0) == 0, "train.device", "'" + t.device + "'",
           "cpu, cuda or cuda:N");
+  require(t.lr_schedule == "cosine" || t.lr_schedule == "rsqrt" || t.lr_schedule == "constant", "train.lr_schedule",
+          quote_value(t.lr_schedule), "cosine, rsqrt or constant");
   require(t.lr_warmup_steps >= 0, "train.lr_warmup_steps", t.lr_warmup_steps, ">= 0");
   require(t.lr_peak > 0, "train.lr_peak", t.lr_peak, "> 0");
   require(t.lr_end >= 0, "train.lr_end", t.lr_end, ">= 0");
-  require(t.lr_decay_steps >= t.lr_warmup_steps, "train.lr_decay_steps", t.lr_decay_steps,
-          ">= train.lr_warmup_steps (" + std::to_string(t.lr_warmup_steps) + ")");
+  // Only the cosine reads lr_decay_steps: a long rsqrt or constant warmup need not move it.
+  if (t.lr_schedule == "cosine")
+    require(t.lr_decay_steps >= t.lr_warmup_steps, "train.lr_decay_steps", t.lr_decay_steps,
+            ">= train.lr_warmup_steps (" + std::to_string(t.lr_warmup_steps) + ") with train.lr_schedule=cosine");
+  require(t.lr_timescale > 0, "train.lr_timescale", t.lr_timescale, "> 0 (steps)");
   require(t.adam_b1 >= 0 && t.adam_b1 < 1, "train.adam_b1", t.adam_b1, "in [0, 1)");
   require(t.adam_b2 >= 0 && t.adam_b2 < 1, "train.adam_b2", t.adam_b2, "in [0, 1)");
   require(t.adam_eps > 0, "train.adam_eps", t.adam_eps, "> 0");
@@ -728,8 +733,14 @@ std::vector<DatasetEntry> dataset_entries(const Config& config) {
     if (out[i].norm_stats.empty()) out[i].norm_stats = config.data.norm_stats;
     if (out[i].asset_id.empty())
       out[i].asset_id = config.checkpoint.asset_id + (i == 0 ? std::string() : "_" + std::to_string(i));
+    if (out[i].delta_action_mask.empty()) out[i].delta_action_mask = config.data.delta_action_mask;
   }
   return out;
+}
+
+std::string delta_action_mask_key(const Config& config, size_t i) {
+  const bool own = i < config.data.datasets.size() && !config.data.datasets[i].delta_action_mask.empty();
+  return own ? dataset_key(config, i) + ".delta_action_mask" : std::string("data.delta_action_mask");
 }
 
 std::string dataset_key(const Config& config, size_t i) {
@@ -743,6 +754,7 @@ Config for_dataset(const Config& config, size_t i) {
   out.data.dataset = entries[i];  // the DatasetConfig part
   out.data.datasets.clear();
   out.data.norm_stats = entries[i].norm_stats;
+  out.data.delta_action_mask = entries[i].delta_action_mask;
   out.checkpoint.asset_id = entries[i].asset_id;
   return out;
 }

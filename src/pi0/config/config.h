@@ -132,6 +132,8 @@ struct DatasetEntry : DatasetConfig {
   std::string norm_stats;
   std::string asset_id;
   std::vector<int64_t> validation_episodes;
+  /// This entry's delta mask (its robot's: LIBERO 6×true + 1×false, ALOHA 6 + 1 + 6 + 1); empty = data.delta_action_mask.
+  std::vector<bool> delta_action_mask;
 
   template <class V>
   void visit(V& v) {
@@ -149,6 +151,9 @@ struct DatasetEntry : DatasetConfig {
                             "<checkpoint.asset_id>_<i> for entry i");
     v("validation_episodes", validation_episodes, "episode indices (in the entry's order) held out for validation; "
                                                   "empty = data.validation_split's share");
+    v("delta_action_mask", delta_action_mask, "this entry's delta mask (per action dim: true = delta w.r.t. the "
+                                              "state), used by its transform, its norm stats and its asset in bundles; "
+                                              "empty = data.delta_action_mask ([false] = absolute for this entry)");
   }
 };
 
@@ -168,12 +173,13 @@ struct DataConfig {
   void visit(V& v) {
     v.section("dataset", dataset);
     v("datasets", datasets, "a weighted mixture instead of data.dataset: a list of entries, each with data.dataset's "
-                            "keys plus weight, norm_stats, asset_id and validation_episodes (docs/data.md)");
+                            "keys plus weight, norm_stats, asset_id, validation_episodes and delta_action_mask (docs/data.md)");
     v("norm_stats", norm_stats, "openpi norm_stats.json for state and actions (make it with pi0-norm-stats)");
     v("validation_split", validation_split, "fraction of each dataset's episodes held out of training for validation "
                                             "(chosen by train.seed); 0 = none. See train.val_interval");
     v("tokenizer", tokenizer, "sentencepiece model file (PaliGemma's for released checkpoints)");
-    v("delta_action_mask", delta_action_mask, "per action dim: true = convert to delta w.r.t. the state; empty = off");
+    v("delta_action_mask", delta_action_mask, "per action dim: true = convert to delta w.r.t. the state; empty = off. "
+                                              "A data.datasets entry's own delta_action_mask replaces it for that entry");
     v("discrete_state_input", discrete_state_input, "pi05: state as discretized text in the prompt (false: pi0 prompt, no state)");
     v("augment", augment, "training image augmentation (random crop, rotation, color jitter)");
     v("num_workers", num_workers, "loader worker threads");
@@ -195,10 +201,12 @@ struct TrainConfig {
   std::string offload = "none";
   std::string freeze = "full";
   std::vector<std::string> trainable_include, trainable_exclude;
+  std::string lr_schedule = "cosine";
   int64_t lr_warmup_steps = 1000;
   double lr_peak = 2.5e-5;
   int64_t lr_decay_steps = 30000;
   double lr_end = 2.5e-6;
+  double lr_timescale = 10000;  ///< rsqrt: steps after warmup at which the LR is peak / sqrt(2) (openpi's 1e4)
   double adam_b1 = 0.9, adam_b2 = 0.95, adam_eps = 1e-8;
   double weight_decay = 1e-10;
   double clip_grad_norm = 1.0;
@@ -229,10 +237,16 @@ struct TrainConfig {
     v("freeze", freeze, "trainable preset: full, projection-only, +vision, +language, action-expert-only, freeze-vision, lora, lora-only");
     v("trainable_include", trainable_include, "regexes (full match on parameter names) made trainable on top of the preset");
     v("trainable_exclude", trainable_exclude, "regexes (full match on parameter names) frozen on top of the preset");
-    v("lr_warmup_steps", lr_warmup_steps, "linear warmup steps of the warmup-cosine schedule");
+    v("lr_schedule", lr_schedule, "cosine (openpi's CosineDecaySchedule: warmup, cosine to lr_end at lr_decay_steps) | "
+                                  "rsqrt (openpi's RsqrtDecaySchedule: warmup, then lr_peak / sqrt((lr_timescale + s) "
+                                  "/ lr_timescale), s = steps since warmup) | constant (LeRobot's constant-with-warmup: "
+                                  "linear from 0, then lr_peak)");
+    v("lr_warmup_steps", lr_warmup_steps, "linear warmup steps (cosine, rsqrt: from lr_peak / (lr_warmup_steps + 1); "
+                                          "constant: from 0)");
     v("lr_peak", lr_peak, "learning rate at the end of warmup");
-    v("lr_decay_steps", lr_decay_steps, "step (counted from 0) where the cosine reaches lr_end");
-    v("lr_end", lr_end, "final learning rate");
+    v("lr_decay_steps", lr_decay_steps, "cosine: step (counted from 0) where the cosine reaches lr_end");
+    v("lr_end", lr_end, "cosine: final learning rate");
+    v("lr_timescale", lr_timescale, "rsqrt: decay timescale in steps (the LR halves lr_timescale·3 steps after warmup)");
     v("adam_b1", adam_b1, "AdamW beta1");
     v("adam_b2", adam_b2, "AdamW beta2");
     v("adam_eps", adam_eps, "AdamW epsilon");
@@ -345,14 +359,18 @@ YAML::Node to_yaml(const Config& config);
 /// 118 columns, no final line break; parses back to the same config.
 std::string to_compact_text(const Config& config);
 /// The datasets a run trains on, resolved: data.datasets, or data.dataset as the one entry (weight 1). An empty
-/// norm_stats becomes data.norm_stats; an empty asset_id checkpoint.asset_id for entry 0, "<asset_id>_<i>" for entry i.
+/// norm_stats becomes data.norm_stats; an empty asset_id checkpoint.asset_id for entry 0, "<asset_id>_<i>" for entry i;
+/// an empty delta_action_mask data.delta_action_mask.
 std::vector<DatasetEntry> dataset_entries(const Config& config);
 /// The key of entry i in messages: "data.dataset" for a single dataset, else "data.datasets[i]".
 std::string dataset_key(const Config& config, size_t i);
 /// `config` narrowed to entry i of dataset_entries(): data.dataset is that entry, data.datasets is empty, and
-/// data.norm_stats and checkpoint.asset_id are the entry's. What per-dataset code (norm stats, a bundle's robot
-/// profile, the transforms) reads.
+/// data.norm_stats, data.delta_action_mask and checkpoint.asset_id are the entry's. What per-dataset code (norm stats,
+/// a bundle's robot profile, the transforms) reads.
 Config for_dataset(const Config& config, size_t i);
+/// The key entry i's delta mask comes from, for messages: "data.datasets[i].delta_action_mask" when the entry sets
+/// its own, else "data.delta_action_mask".
+std::string delta_action_mask_key(const Config& config, size_t i);
 /// Whether any episodes are held out for validation (data.validation_split or an entry's validation_episodes).
 bool validation_enabled(const Config& config);
 /// train.val_interval resolved (0 → checkpoint.save_interval).

@@ -358,7 +358,14 @@ SampleTransform::SampleTransform(TransformOptions options, NormStats stats, std:
   }
 }
 
-void SampleTransform::check_dims(int64_t state_dim, int64_t action_dim, const std::string& dataset) const {
+void SampleTransform::check_dims(int64_t state_dim, int64_t action_dim, const std::string& dataset,
+                                 const std::string& mask_key) const {
+  // At start rather than at the first sample: the mask is the robot's, the dims are the dataset's.
+  const auto mask = static_cast<int64_t>(options_.delta_action_mask.size());
+  if (mask > std::min(state_dim, action_dim))
+    throw UserError(mask_key + ": " + std::to_string(mask) + " entries, expected at most " +
+                    std::to_string(std::min(state_dim, action_dim)) + " (the state dim " + std::to_string(state_dim) +
+                    " and action dim " + std::to_string(action_dim) + " of " + dataset + ")");
   const std::string src = stats_.source.empty() ? "norm stats" : stats_.source;
   const NormMode mode = options_.norm_mode();
   normalize(torch::zeros({state_dim}), mode == NormMode::kNone ? KeyStats{} : stats_.at("state"), mode,

@@ -120,7 +120,9 @@ class SampleTransform {
 
   /// Checks that the norm stats cover a dataset of these dims (UserError naming the stats file and key) and that
   /// model.action_dim holds them (UserError naming `dataset`, e.g. "data.datasets[1]").
-  void check_dims(int64_t state_dim, int64_t action_dim, const std::string& dataset = "the dataset") const;
+  /// `mask_key` names the delta mask's config key in the error when it has more entries than the dims.
+  void check_dims(int64_t state_dim, int64_t action_dim, const std::string& dataset = "the dataset",
+                  const std::string& mask_key = "data.delta_action_mask") const;
   /// Runs the pipeline; `augment_seed` set = training augmentation with that seed. Thread-safe.
   ProcessedSample operator()(const RawSample& sample, std::optional<uint64_t> augment_seed = std::nullopt) const;
 

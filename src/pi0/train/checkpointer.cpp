@@ -539,10 +539,8 @@ void Checkpointer::verify_trainer_state(const std::string& dir, int64_t step) co
   }
 }
 
-std::set<int64_t> Checkpointer::best_steps() {
-  const int64_t k = cfg_.checkpoint.keep_best;
-  if (k <= 0) return {};
-  std::vector<std::pair<double, int64_t>> ranked;  // (val_loss, step): ties keep the older checkpoint
+std::vector<RankedCheckpoint> Checkpointer::rank_by_val_loss() {
+  std::vector<RankedCheckpoint> ranked;
   for (const int64_t step : io::complete_checkpoints(cfg_.checkpoint.run_dir)) {
     if (bad_steps_.count(step)) continue;
     const auto dir = io::checkpoint_path(cfg_.checkpoint.run_dir, step);
@@ -555,7 +553,7 @@ std::set<int64_t> Checkpointer::best_steps() {
       // Another held-out set (accepted with --new-validation-set): its values do not compare with this set's.
       const bool same_set = !validation_set_ || !state.validation_set ||
                             state.validation_set->digest == validation_set_->digest;
-      if (same_set && state.val_loss && std::isfinite(*state.val_loss)) ranked.emplace_back(*state.val_loss, step);
+      if (same_set && state.val_loss && std::isfinite(*state.val_loss)) ranked.push_back({step, *state.val_loss});
     } catch (const UserError& e) {
       bad_steps_.insert(step);
       spdlog::warn("checkpoint.keep_best: checkpoint {} does not verify, so its val_loss is not ranked and it is left "
@@ -563,9 +561,18 @@ std::set<int64_t> Checkpointer::best_steps() {
                    dir, e.what());
     }
   }
-  std::sort(ranked.begin(), ranked.end());
+  // Ties keep the older checkpoint (steps ascend, and the sort is stable).
+  std::stable_sort(ranked.begin(), ranked.end(),
+                   [](const RankedCheckpoint& a, const RankedCheckpoint& b) { return a.val_loss < b.val_loss; });
+  return ranked;
+}
+
+std::set<int64_t> Checkpointer::best_steps() {
+  const int64_t k = cfg_.checkpoint.keep_best;
+  if (k <= 0) return {};
+  const auto ranked = rank_by_val_loss();
   std::set<int64_t> best;
-  for (size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < k; ++i) best.insert(ranked[i].second);
+  for (size_t i = 0; i < ranked.size() && static_cast<int64_t>(i) < k; ++i) best.insert(ranked[i].step);
   return best;
 }
 

@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -49,6 +50,12 @@ struct CheckpointedState {
   /// The validation loss at this step, when a pass ran at it: recorded in trainer_state.json, ranked by
   /// checkpoint.keep_best.
   std::optional<double> val_loss;
+};
+
+/// A complete checkpoint as checkpoint.keep_best ranks it: its step and the val_loss its trainer_state.json records.
+struct RankedCheckpoint {
+  int64_t step = 0;
+  double val_loss = 0.0;
 };
 
 class Checkpointer {
@@ -92,6 +99,13 @@ class Checkpointer {
     validation_set_ = std::move(id);
     accept_new_validation_set_ = accept_change;
   }
+  /// checkpoint.keep_best's ranking of the run dir's complete checkpoints, lowest val_loss first (ties: the older
+  /// first): those that verify (verify() and trainer_state.json's checksum against the manifest) and record a finite
+  /// val_loss measured on this run's validation set. One that does not verify is warned about, left untouched and
+  /// from then on neither ranked nor counted by rotation. Rank 0. The "best so far" of the log and pi0-export --best
+  /// are its first entry, so they name the checkpoint keep_best keeps.
+  std::vector<RankedCheckpoint> rank_by_val_loss();
+
   /// Small checkpoints: the frozen base the run builds on (from checkpoint.init_weights) and the parameters taken
   /// unchanged from it, which save() references instead of copying.
   void set_base(io::BaseWeightsRef ref, std::set<std::string> names);
@@ -115,9 +129,7 @@ class Checkpointer {
   void reject(const std::string& dir, const std::string& why);
   /// checkpoint.init_weights, when set, is a readable file (a fresh start builds on it).
   void check_init_weights() const;
-  /// checkpoint.keep_best: the steps of the K complete checkpoints of this validation set with the lowest recorded
-  /// val_loss. Only checkpoints that verify are ranked; one that does not is warned about and, like one a resume
-  /// rejects, neither deleted nor counted (bad_steps_).
+  /// checkpoint.keep_best: the steps of the first K checkpoints of rank_by_val_loss().
   std::set<int64_t> best_steps();
   /// verify() and trainer_state.json's checksum against the manifest (the file keep_best ranks by is small).
   void verify_trainer_state(const std::string& dir, int64_t step) const;

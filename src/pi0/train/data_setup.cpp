@@ -60,7 +60,8 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
     s.dataset = std::make_shared<const data::RobotDataset>(data::dataset_options(one, key));
     s.transform = std::make_shared<const data::SampleTransform>(data::transform_options(one),
                                                                 data::load_config_norm_stats(one, data::norm_stats_key(cfg, i)), tokenizer);
-    s.transform->check_dims(s.dataset->state_dim(), s.dataset->action_dim(), key);
+    s.transform->check_dims(s.dataset->state_dim(), s.dataset->action_dim(), key,
+                            config::delta_action_mask_key(cfg, i));
     const auto held = data::held_out_episodes(s.dataset->num_episodes(), cfg.data.validation_split,
                                               entries[i].validation_episodes, static_cast<uint64_t>(cfg.train.seed),
                                               static_cast<int64_t>(i), key);

@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdarg>
 #include <cstdio>
 #include <map>
@@ -413,25 +414,66 @@ std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_siz
   return plan_card_fits(cfg, world_size, false);
 }
 
-std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size, bool offload) {
+const std::vector<int64_t>& common_cards_gib() {
+  static const std::vector<int64_t> cards = {24, 40, 48, 80};
+  return cards;
+}
+
+std::vector<int64_t> parse_card_gib(const std::string& text, const std::string& flag) {
+  const std::string expected = "a comma-separated list of card sizes in whole GiB, each from 3 to 4096 (the plan "
+                               "keeps 2 GiB free), e.g. 16,32,96,141";
+  std::vector<int64_t> cards;
+  size_t from = 0;
+  while (true) {
+    const size_t comma = text.find(',', from);
+    const std::string item = text.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+    size_t used = 0;
+    long long n = 0;
+    try {
+      n = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || !std::isdigit(static_cast<unsigned char>(item[0])) || n < 3 || n > 4096)
+      throw UserError(flag + " must be " + expected + " (got '" + text + "')");
+    cards.push_back(n);
+    if (comma == std::string::npos) break;
+    from = comma + 1;
+  }
+  return cards;
+}
+
+std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size, bool offload,
+                                    const std::vector<int64_t>& cards_gib) {
   const int64_t per_rank = config::micro_batch_size(cfg.train, world_size) * cfg.train.grad_accum_steps;
+  const bool ckpt_auto = cfg.train.gradient_checkpointing == "auto";
   // The persistent state does not depend on the micro-batch; the activations do. Each micro-batch that keeps the
-  // global batch (a divisor of the per-rank batch), largest first, with its peak, planned once for all cards.
+  // global batch (a divisor of the per-rank batch), largest first.
   const RankMemory rank = plan_rank_memory(cfg, world_size, offload);
-  std::vector<std::pair<int64_t, int64_t>> peaks;  // (micro-batch, peak bytes)
-  for (int64_t m = per_rank; m >= 1; --m)
-    if (per_rank % m == 0) peaks.emplace_back(m, rank.peak_bytes(planned_activations(cfg, m)));
+  std::vector<config::Config> with_micro_batch;  // cfg with train.grad_accum_steps = per-rank batch / micro-batch
+  for (int64_t m = per_rank; m >= 1; --m) {
+    if (per_rank % m != 0) continue;
+    with_micro_batch.push_back(cfg);
+    with_micro_batch.back().train.grad_accum_steps = per_rank / m;
+  }
   std::vector<CardFit> fits;
-  for (const int64_t card_gib : {24, 40, 48, 80}) {
+  for (const int64_t card_gib : cards_gib) {
     CardFit f;
     f.card_gib = card_gib;
     f.budget_bytes = (card_gib << 30) - kCardReserveBytes;
     f.offload = offload;
     f.host_bytes = rank.host_bytes;
-    f.peak_bytes = peaks.back().second;  // micro-batch 1, when none fits
-    for (const auto& [m, peak] : peaks) {
+    for (const auto& c : with_micro_batch) {
+      const int64_t m = config::micro_batch_size(c.train, world_size);
+      // auto: the trainer's own choice for this card and micro-batch (every layer when none fits); else as written.
+      const auto layers = ckpt_auto ? choose_checkpointed_layers(c, world_size, offload, card_gib << 30, nullptr)
+                                    : planned_checkpointing(c);
+      const auto plan = plan_memory(c, world_size, layers);
+      const int64_t peak = rank.peak_bytes(plan.activations);
+      // Micro-batch 1 is what the row reports when none fits.
+      f.peak_bytes = peak, f.checkpointed = layers, f.host_runtime_bytes = plan.runtime_bytes;
       if (peak <= f.budget_bytes) {
-        f.micro_batch = m, f.grad_accum_steps = per_rank / m, f.peak_bytes = peak;
+        f.micro_batch = m, f.grad_accum_steps = per_rank / m;
         break;
       }
     }
@@ -441,41 +483,73 @@ std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_siz
 }
 
 namespace {
-// "fits on GPUs (...): 24 GB micro-batch 16 × 2 accumulation steps (17.77 GiB) · ... · 80 GB micro-batch 32
-// (24.19 GiB)": one line.
-std::string format_card_fits(const std::vector<CardFit>& fits, int64_t world_size) {
+// The fit table, one row per card:
+//   fits on GPUs (...):
+//     24 GB  no (68.27 GiB at micro-batch 1, every layer recomputed)                 host 0.29 GiB
+//     80 GB  micro-batch 32, recomputing 26 of 27 vision, 15 of 18 language layers (76.62 GiB)   host 0.83 GiB
+// `without`: the same cards planned without offload, for the offloaded table's note on the cards that need none.
+std::string format_card_fits(const config::Config& cfg, const std::vector<CardFit>& fits, int64_t world_size,
+                             const std::vector<CardFit>* without = nullptr) {
   const bool offload = !fits.empty() && fits[0].offload;
+  const bool ckpt_auto = cfg.train.gradient_checkpointing == "auto";
+  const std::string per_rank = world_size > 1 ? " per rank" : "";
   std::string out =
-      offload ? printf_string("with train.offload=optimizer (%.2f GiB of host memory%s):", gib(fits[0].host_bytes),
-                              world_size > 1 ? " per rank" : "")
-              : printf_string("fits on GPUs%s (the plan's peak within the card less %.0f GiB for the CUDA "
-                              "context and allocator):", world_size > 1 ? " per rank" : "", gib(kCardReserveBytes));
+      offload ? printf_string("with train.offload=optimizer (%.2f GiB of host memory for the offloaded state%s):\n",
+                              gib(fits.empty() ? 0 : fits[0].host_bytes), per_rank.c_str())
+              : printf_string("fits on GPUs%s (the plan's peak within the card less %.0f GiB for the CUDA context and "
+                              "allocator%s):\n", per_rank.c_str(), gib(kCardReserveBytes),
+                              ckpt_auto ? "; train.gradient_checkpointing=auto: the layers pi0-train recomputes on that "
+                                          "card" : "");
   for (size_t i = 0; i < fits.size(); ++i) {
     const auto& f = fits[i];
-    out += i == 0 ? " " : " · ";
+    const std::string layers = describe_checkpointing(cfg, f.checkpointed);
+    const std::string recompute = layers == "on"    ? "every layer recomputed"
+                                  : layers == "off" ? "no layer recomputed"
+                                                    : "recomputing " + layers;
+    std::string row;
     if (f.micro_batch == 0) {
-      out += printf_string("%lld GB no (%.2f GiB at micro-batch 1)", static_cast<long long>(f.card_gib),
-                           gib(f.peak_bytes));
+      row = printf_string("no (%.2f GiB at micro-batch 1, %s)", gib(f.peak_bytes), recompute.c_str());
     } else {
       const std::string accumulate =
           f.grad_accum_steps > 1 ? " × " + std::to_string(f.grad_accum_steps) + " accumulation steps" : "";
-      out += printf_string("%lld GB micro-batch %lld%s (%.2f GiB)", static_cast<long long>(f.card_gib),
-                           static_cast<long long>(f.micro_batch), accumulate.c_str(), gib(f.peak_bytes));
+      row = printf_string("micro-batch %lld%s, %s (%.2f GiB)", static_cast<long long>(f.micro_batch),
+                          accumulate.c_str(), recompute.c_str(), gib(f.peak_bytes));
     }
+    out += printf_string("  %4lld GB  %-86s host %.2f GiB", static_cast<long long>(f.card_gib), row.c_str(),
+                         gib(f.host_bytes + f.host_runtime_bytes));
+    // The host update costs far more than recomputation (docs/memory.md: 24.9 samples/s against 18.1 offloaded on
+    // an 80 GB card): where the card holds the run without it, offload only buys memory that is not needed.
+    if (offload && without && i < without->size() && (*without)[i].micro_batch > 0)
+      out += printf_string(" · fits without offload (micro-batch %lld): offload trades speed for memory there",
+                           static_cast<long long>((*without)[i].micro_batch));
+    out += "\n";
   }
+  return out;
+}
+
+// train.offload=auto's choice on each card, by choose_offload (the trainer's rule): "24 GB optimizer · 80 GB none".
+std::string format_offload_auto(const config::Config& cfg, int64_t world_size, const std::vector<int64_t>& cards_gib) {
+  std::string out = "train.offload=auto picks:";
+  for (size_t i = 0; i < cards_gib.size(); ++i)
+    out += printf_string("%s%lld GB %s", i == 0 ? " " : " · ", static_cast<long long>(cards_gib[i]),
+                         choose_offload(cfg, world_size, cards_gib[i] << 30, nullptr) ? "optimizer" : "none");
   return out + "\n";
 }
 }  // namespace
 
-std::string format_memory_report(const config::Config& cfg, int64_t world_size, bool weights_from_file) {
+std::string format_memory_report(const config::Config& cfg, int64_t world_size, bool weights_from_file,
+                                 const std::vector<int64_t>& cards_gib) {
   const Report r = make_report(cfg, world_size, weights_from_file);
   const auto& plan = r.plan;
   std::string out = format_breakdown(plan.params);
   if (world_size > 1) out += format_rank_memory(r.rank);
-  // auto is decided by the trainer from the GPU's memory; the report plans it as off (planned_checkpointing).
+  // auto is decided by the trainer from the GPU's memory; the report plans it as off here (planned_checkpointing)
+  // and per card in the fit table below.
   const std::string checkpointing =
       describe_checkpointing(cfg, plan.checkpointed) +
-      (cfg.train.gradient_checkpointing == "auto" ? " (auto: pi0-train recomputes only the layers the GPU needs)" : "");
+      (cfg.train.gradient_checkpointing == "auto"
+           ? " (auto: pi0-train recomputes only the layers the GPU needs; each card's choice is in the table below)"
+           : "");
   out += printf_string("activations (micro-batch %lld, %lld cameras, %s, gradient checkpointing %s): %.2f GiB kept "
                        "for backward + %.2f GiB transient\n",
                        static_cast<long long>(plan.micro_batch), static_cast<long long>(plan.num_cameras),
@@ -496,9 +570,12 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
                          gib(r.training_peak + r.beyond_tensors), gib(plan.runtime_bytes),
                          gib(plan.allocator_slack_bytes));
   }
-  out += format_card_fits(plan_card_fits(cfg, world_size, false), world_size);
-  if (offload_refusal(cfg, world_size, /*cuda=*/true).empty())
-    out += format_card_fits(plan_card_fits(cfg, world_size, true), world_size);
+  const auto without = plan_card_fits(cfg, world_size, false, cards_gib);
+  out += format_card_fits(cfg, without, world_size);
+  if (offload_refusal(cfg, world_size, /*cuda=*/true).empty()) {
+    out += format_card_fits(cfg, plan_card_fits(cfg, world_size, true, cards_gib), world_size, &without);
+    if (cfg.train.offload == "auto") out += format_offload_auto(cfg, world_size, cards_gib);
+  }
   if (r.startup_peak > r.training_peak) {
     out += printf_string("start-up peak: %.2f GiB of tensors, %.2f GiB resident (random initialization in float32; "
                          "set checkpoint.init_weights to build directly in the storage dtypes)\n",
@@ -507,7 +584,8 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
   return out;
 }
 
-nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size, bool weights_from_file) {
+nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size, bool weights_from_file,
+                                  const std::vector<int64_t>& cards_gib) {
   const Report r = make_report(cfg, world_size, weights_from_file);
   const auto& plan = r.plan;
   const auto& b = plan.params;
@@ -523,19 +601,28 @@ nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size,
   j["resident_peak_bytes"] = r.peak + r.beyond_tensors;  // compare with the peak RSS
   j["host_bytes"] = r.rank.host_bytes;
   auto cards = nlohmann::json::array();
-  auto fits = plan_card_fits(cfg, world_size, false);
+  const auto without = plan_card_fits(cfg, world_size, false, cards_gib);
+  auto fits = without;
   if (offload_refusal(cfg, world_size, /*cuda=*/true).empty()) {
-    const auto offloaded = plan_card_fits(cfg, world_size, true);
+    const auto offloaded = plan_card_fits(cfg, world_size, true, cards_gib);
     fits.insert(fits.end(), offloaded.begin(), offloaded.end());
   }
-  for (const auto& f : fits) {
-    cards.push_back({{"card_gib", f.card_gib},
-                     {"offload", f.offload ? "optimizer" : "none"},
-                     {"budget_bytes", f.budget_bytes},
-                     {"micro_batch", f.micro_batch},
-                     {"grad_accum_steps", f.grad_accum_steps},
-                     {"peak_bytes", f.peak_bytes},
-                     {"host_bytes", f.host_bytes}});
+  for (size_t i = 0; i < fits.size(); ++i) {
+    const auto& f = fits[i];
+    nlohmann::json card = {{"card_gib", f.card_gib},
+                           {"offload", f.offload ? "optimizer" : "none"},
+                           {"budget_bytes", f.budget_bytes},
+                           {"micro_batch", f.micro_batch},
+                           {"grad_accum_steps", f.grad_accum_steps},
+                           {"peak_bytes", f.peak_bytes},
+                           {"host_bytes", f.host_bytes},
+                           {"host_runtime_bytes", f.host_runtime_bytes},
+                           {"checkpointed_vision", f.checkpointed.vision},
+                           {"checkpointed_language", f.checkpointed.language},
+                           {"fits_without_offload", without[i % without.size()].micro_batch > 0}};
+    if (cfg.train.offload == "auto")
+      card["offload_auto"] = choose_offload(cfg, world_size, f.card_gib << 30, nullptr) ? "optimizer" : "none";
+    cards.push_back(card);
   }
   j["gpu_cards"] = cards;
   return j;

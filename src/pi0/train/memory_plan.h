@@ -171,7 +171,7 @@ std::string format_rank_memory(const RankMemory& m);
 /// Whether a config fits one of the GPUs users commonly own, and at which micro-batch.
 struct CardFit {
   /// The card's memory as sold, in GiB (GB on the box; CUDA reports about that many GiB): 24 (RTX 3090/4090),
-  /// 40 (A100 40GB), 48 (RTX A6000, L40S), 80 (A100/H100 80GB).
+  /// 40 (A100 40GB), 48 (RTX A6000, L40S), 80 (A100/H100 80GB), or any size given to --card-gib.
   int64_t card_gib = 0;
   /// What the planned tensors may use: the card less kCardReserveBytes.
   int64_t budget_bytes = 0;
@@ -182,14 +182,28 @@ struct CardFit {
   int64_t peak_bytes = 0;        ///< the planned peak at micro_batch (at micro-batch 1 when nothing fits)
   bool offload = false;          ///< planned with train.offload=optimizer
   int64_t host_bytes = 0;        ///< host memory the offloaded state takes (0 without offload)
+  /// Host memory of the process besides the offloaded state, at micro_batch (at 1 when nothing fits): the runtime
+  /// and the data loader's batches (MemoryPlan::runtime_bytes). host_bytes + host_runtime_bytes is the row's host RAM.
+  int64_t host_runtime_bytes = 0;
+  /// The layers recomputed in backward at micro_batch: train.gradient_checkpointing as written, or with auto what
+  /// choose_checkpointed_layers (the trainer's own choice) picks on this card (every layer when nothing fits).
+  model::CheckpointedLayers checkpointed;
 };
 /// Kept free on a card for the CUDA context and the caching allocator's fragmentation: 2 GiB. Issue 33 sets
 /// 22 GiB of tensors as what a 24 GB card holds, and on an H100 the plan's 68.3 GiB measured 69.4 GiB.
 constexpr int64_t kCardReserveBytes = 2ll << 30;
-/// The common cards (24, 40, 48, 80 GiB) for `cfg` at `world_size` ranks, with its precision, freezing, EMA,
-/// gradient checkpointing and dist.shard, without and (`offload`) with the optimizer on the host; only the
-/// micro-batch (train.grad_accum_steps) varies.
-std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size, bool offload);
+/// The cards planned when none are named (GiB): 24, 40, 48, 80.
+const std::vector<int64_t>& common_cards_gib();
+/// --card-gib's value ("16,32,96,141": whole GiB, each more than the 2 GiB reserve and at most 4096), or UserError
+/// naming `flag`, the value and what is expected.
+std::vector<int64_t> parse_card_gib(const std::string& text, const std::string& flag = "--card-gib");
+/// `cards_gib` for `cfg` at `world_size` ranks, with its precision, freezing, EMA, gradient checkpointing and
+/// dist.shard, without and (`offload`) with the optimizer on the host; only the micro-batch (train.grad_accum_steps)
+/// varies, largest first. With train.gradient_checkpointing=auto each micro-batch is planned with the layers
+/// choose_checkpointed_layers picks for that card, as the trainer does at start-up: at the configured micro-batch
+/// the row is the trainer's own choice.
+std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size, bool offload,
+                                    const std::vector<int64_t>& cards_gib = common_cards_gib());
 /// Without offload.
 std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_size);
 
@@ -198,14 +212,19 @@ std::vector<CardFit> plan_card_fits(const config::Config& cfg, int64_t world_siz
 /// micro-batch, the predicted training peak (tensors on a GPU; tensors and resident memory on the CPU) and, when it
 /// is higher, the start-up peak. `weights_from_file`: the model is built from a file (checkpoint.init_weights or
 /// --resume), so there is no float32 random initialization at start-up. Text ending in a line break.
-std::string format_memory_report(const config::Config& cfg, int64_t world_size, bool weights_from_file);
+/// `cards_gib`: the cards of the fit table (--card-gib).
+std::string format_memory_report(const config::Config& cfg, int64_t world_size, bool weights_from_file,
+                                 const std::vector<int64_t>& cards_gib = common_cards_gib());
 
 /// The same report as JSON: breakdown_json plus startup_peak_bytes, micro_batch, activation_bytes,
 /// activation_transient_bytes, peak_bytes (tensors), per_rank (rank_memory_json), runtime_bytes,
 /// allocator_slack_bytes, resident_peak_bytes (compare with the peak RSS), host_bytes (train.offload=optimizer: the
 /// state on the host; on the CPU part of peak_bytes) and gpu_cards (plan_card_fits without offload, then with it:
-/// card_gib, offload, budget_bytes, micro_batch, grad_accum_steps, peak_bytes, host_bytes each).
-nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size, bool weights_from_file);
+/// card_gib, offload, budget_bytes, micro_batch, grad_accum_steps, peak_bytes, host_bytes, host_runtime_bytes,
+/// checkpointed_vision, checkpointed_language, fits_without_offload each; with train.offload=auto, offload_auto: what
+/// choose_offload picks on that card).
+nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size, bool weights_from_file,
+                                  const std::vector<int64_t>& cards_gib = common_cards_gib());
 
 /// The log line of what one rank of a multi-process run holds, measured from its tensors: "rank 1 of 2 holds 1.18 MiB
 /// of AdamW state, 604 KiB of EMA and 1.18 MiB of gradients (1234567, 617284 and 1234567 bytes; dist.shard=gradients)".

@@ -132,12 +132,29 @@ void MetricsProcessor::log(int64_t step, double loss, double grad_norm, double l
 }
 
 void MetricsProcessor::log_validation(int64_t step, double val_loss, double val_action_mse, int64_t samples,
-                                      double seconds) {
+                                      double seconds, const std::vector<DatasetValidation>& datasets) {
   last_val_loss_ = val_loss;
   if (rank_ != 0) return;
-  writer_->write(step, {{"val_loss", val_loss}, {"val_action_mse", val_action_mse}});
+  std::map<std::string, double> record = {{"val_loss", val_loss}, {"val_action_mse", val_action_mse}};
+  // A single dataset's values are the aggregate: only a mixture gets per-dataset keys.
+  const bool per_dataset = datasets.size() > 1;
+  for (const auto& d : datasets) {
+    if (!per_dataset || d.samples == 0) continue;
+    record[dataset_key("val_loss", d.name)] = d.loss;
+    record[dataset_key("val_action_mse", d.name)] = d.action_mse;
+  }
+  writer_->write(step, record);
   spdlog::info("step {}/{} | val_loss {:.4f} | val_action_mse {:.4f} | {} held-out samples in {:.1f} s", step,
                num_steps_, val_loss, val_action_mse, samples, seconds);
+  for (const auto& d : datasets) {
+    if (!per_dataset) break;
+    if (d.samples == 0) {
+      spdlog::info("step {}/{} |   dataset '{}': no held-out samples in this pass", step, num_steps_, d.name);
+      continue;
+    }
+    spdlog::info("step {}/{} |   dataset '{}': val_loss {:.4f} | val_action_mse {:.4f} | {} samples", step,
+                 num_steps_, d.name, d.loss, d.action_mse, d.samples);
+  }
 }
 
 }  // namespace pi0::train

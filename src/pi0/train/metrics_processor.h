@@ -20,6 +20,19 @@
 
 namespace pi0::train {
 
+/// One dataset's share of a validation pass: its held-out samples alone, so a starved or overfitted entry of a
+/// mixture shows beside the aggregate.
+struct DatasetValidation {
+  std::string name;         ///< the entry's asset id, e.g. "libero" (metrics: val_loss/libero)
+  double loss = 0.0;        ///< as ValidationResult::loss, over this dataset's samples; NaN when it has none
+  double action_mse = 0.0;  ///< as ValidationResult::action_mse, over this dataset's samples; NaN when none
+  int64_t samples = 0;      ///< its held-out samples evaluated
+  /// The (sample, row, dim) positions each mean is over, after the loss mask and the action mask: the pass's loss
+  /// is Σ loss·loss_positions / Σ loss_positions over the datasets (a sample-weighted mean when every sample
+  /// counts the same positions, as without train.loss_mask), and likewise action_mse.
+  double loss_positions = 0.0, action_positions = 0.0;
+};
+
 class MetricsProcessor {
  public:
   /// train.log_interval, metrics_interval, num_steps and batch_size from `train`; `pg` null in single-process runs;
@@ -44,8 +57,15 @@ class MetricsProcessor {
   void add_offload_times(double host_grad_s, double host_update_s, double forward_wait_s);
 
   /// A validation pass at `step` (values already reduced over ranks): rank 0 writes {"step", "val_loss",
-  /// "val_action_mse"} to metrics.jsonl and a line to the log; later progress lines show the latest val_loss.
-  void log_validation(int64_t step, double val_loss, double val_action_mse, int64_t samples, double seconds);
+  /// "val_action_mse"} to metrics.jsonl and a line to the log; later progress lines show the latest val_loss. With
+  /// more than one dataset, each one's values too: "val_loss/<asset id>" and "val_action_mse/<asset id>" in the same
+  /// record (left out for a dataset with no held-out samples) and one log line per dataset.
+  void log_validation(int64_t step, double val_loss, double val_action_mse, int64_t samples, double seconds,
+                      const std::vector<DatasetValidation>& datasets = {});
+
+  /// The metrics.jsonl key of dataset `name`'s value of `metric`: "val_loss/libero". TensorBoard groups keys by the
+  /// part before the '/', so the datasets' curves sit together under val_loss.
+  static std::string dataset_key(const std::string& metric, const std::string& name) { return metric + "/" + name; }
 
   /// "1h02m" / "3m05s"; "?" for a negative or non-finite time.
   static std::string format_duration(double seconds);

@@ -23,8 +23,8 @@ class Canvas {
   void set(int x, int y, Rgb c);  ///< ignores points outside the canvas
   void line(int x0, int y0, int x1, int y1, Rgb c, int thickness = 1);
   void rect(int x0, int y0, int x1, int y1, Rgb c);  ///< outline
-  /// Text in the 5×7 font (digits, '.', '-', '+', '(', ')', space and the letters a-z used by labels; other characters
-  /// draw as a box), top-left at (x, y), each font pixel drawn as scale×scale.
+  /// Text in the 5×7 font (digits, '.', '-', '+', '(', ')', '_', '/', space and the letters a-z, upper case drawn as
+  /// lower; other characters draw as a box), top-left at (x, y), each font pixel drawn as scale×scale.
   void text(int x, int y, const std::string& s, Rgb c, int scale = 2);
   static int text_width(const std::string& s, int scale = 2);
 

@@ -21,6 +21,7 @@
 #include "pi0/common/profiler.h"
 #include "pi0/common/strings.h"
 #include "pi0/distributed/consistency.h"
+#include "pi0/io/checkpoint_dir.h"
 #include "pi0/io/model_weights.h"
 #include "pi0/model/flow_matching.h"
 #include "pi0/model/model_config.h"
@@ -309,7 +310,7 @@ int64_t Trainer::run() {
   if (options_.profile) profiler.emplace(rank_profiler_options(*options_.profile, options_.rank, t.num_steps - step_));
   while (step_ < t.num_steps) {
     if (profiler) profiler->begin_step();
-    const double lr = warmup_cosine_lr(step_, t.lr_warmup_steps, t.lr_peak, t.lr_decay_steps, t.lr_end);
+    const double lr = scheduled_lr(t, step_);
     ProfileScope data_wait(phase::kDataWait);
     auto micro_batches = next_micro_batches();
     data_wait.end();
@@ -338,12 +339,13 @@ int64_t Trainer::run() {
       const auto v = validate();
       last_val_.emplace(step_, v->loss);
       metrics_->log_validation(step_, v->loss, v->action_mse, v->samples,
-                               std::chrono::duration<double>(Clock::now() - t0).count());
+                               std::chrono::duration<double>(Clock::now() - t0).count(), v->datasets);
     }
     if (save) {
       ProfileScope saving(phase::kCheckpoint);
       save_checkpoint();
     }
+    if (last_val_ && last_val_->first == step_) log_best_so_far(first_step);  // after the save: it may be the best
     if (profiler && profiler->end_step()) log_profile(*profiler, options_.rank);
     if (result.stop) {
       const std::string why = stop_signal() ? "stop signal " + std::to_string(stop_signal()) + " received"
@@ -416,6 +418,33 @@ void Trainer::open_run_dir() {
                    t.rtc_delay_distribution == "exp" ? ", rate " + shortest_double(t.rtc_delay_exp_rate) : std::string());
     }
   }
+}
+
+void Trainer::log_best_so_far(int64_t first_step) {
+  if (options_.rank != 0 || !last_val_) return;
+  const auto [step, val] = *last_val_;
+  if (!best_val_ || val < best_val_->second) best_val_ = last_val_;
+  if (cfg_.checkpoint.keep_best > 0) {
+    // keep_best's own ranking, this step's checkpoint included when it was just saved: the line names the checkpoint
+    // pi0-export --best exports.
+    const auto ranked = checkpointer_.rank_by_val_loss();
+    if (!ranked.empty()) {
+      const auto& best = ranked.front();
+      spdlog::info("best so far: step {} (val_loss {:.4f}), checkpoint {}{}", best.step, best.val_loss,
+                   io::checkpoint_path(cfg_.checkpoint.run_dir, best.step),
+                   val < best.val_loss ? fmt::format("; this pass's val_loss {:.4f} is lower, but step {} is not a "
+                                                     "checkpoint (checkpoint.save_interval {})",
+                                                     val, step, cfg_.checkpoint.save_interval)
+                                       : std::string());
+      return;
+    }
+    spdlog::info("best so far: step {} (val_loss {:.4f}), not a checkpoint (none records a val_loss yet)",
+                 best_val_->first, best_val_->second);
+    return;
+  }
+  // Without keep_best nothing ranks the checkpoints: the lowest pass this process saw.
+  spdlog::info("best so far: step {} (val_loss {:.4f}) among {}; checkpoint.keep_best: 1 would keep its checkpoint",
+               best_val_->first, best_val_->second, first_step > 0 ? "the passes since this resume" : "this run's passes");
 }
 
 void Trainer::log_held_state() {
@@ -590,17 +619,22 @@ std::optional<ValidationResult> Trainer::validate() {
   const auto lm = config::loss_mask(cfg_.train);
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
   const int64_t h = cfg_.model.action_horizon, d = cfg_.model.action_dim;
-  // Sums: loss numerator and count, action error numerator and count (float64, all-reduced once).
-  auto sums = torch::zeros({4}, torch::kFloat64);
+  // Per dataset (source): loss numerator and count, action error numerator and count (float64, all-reduced once);
+  // the pass's values are the column sums' ratios, each dataset's its own row's.
+  const auto num_sources = static_cast<int64_t>(data_.sources.size());
+  auto sums = torch::zeros({num_sources, 4}, torch::kFloat64);
+  auto counts = torch::zeros({num_sources}, torch::kFloat64);
   std::vector<int64_t> mine;  // this rank's share: every world_size-th sample
   for (int64_t i = options_.rank; i < static_cast<int64_t>(samples.size()); i += options_.world_size) mine.push_back(i);
   const int64_t chunk = local_batch();
   for (size_t first = 0; first < mine.size(); first += static_cast<size_t>(chunk)) {
     const size_t last = std::min(mine.size(), first + static_cast<size_t>(chunk));
     std::vector<data::SampleRef> refs;
+    std::vector<int64_t> source_of;
     std::vector<torch::Tensor> noise, time;
     for (size_t j = first; j < last; ++j) {
       refs.push_back(samples[static_cast<size_t>(mine[j])]);
+      source_of.push_back(refs.back().source);
       // Fixed per sample: its own generator from the seed and its place in the validation set.
       auto gen = at::detail::createCPUGenerator(data::sample_seed(static_cast<uint64_t>(cfg_.train.seed), -6, mine[j]));
       noise.push_back(torch::randn({h, d}, gen, f32));
@@ -619,17 +653,35 @@ std::optional<ValidationResult> Trainer::validate() {
     const auto action_mask = model::action_loss_mask(batch.action_rows, batch.action_dims, h, d, lm.episode_end,
                                                      /*action_padding=*/true, f32.device(device_));
     const auto sq = (sampled.to(torch::kFloat32) - actions).pow(2);
-    sums += torch::stack({(elementwise * loss_mask).sum(), loss_mask.sum(), (sq * action_mask).sum(),
-                          action_mask.sum()})
-                .to(torch::kCPU, torch::kFloat64);
+    // Per sample [B, 4], summed into its dataset's row.
+    const auto per_sample = torch::stack({(elementwise * loss_mask).sum({1, 2}), loss_mask.sum({1, 2}),
+                                          (sq * action_mask).sum({1, 2}), action_mask.sum({1, 2})},
+                                         1)
+                                .to(torch::kCPU, torch::kFloat64);
+    const auto index = torch::tensor(source_of, torch::kInt64);
+    sums.index_add_(0, index, per_sample);
+    counts.index_add_(0, index, torch::ones({index.numel()}, torch::kFloat64));
   }
   model_->set_fused_inference(fused);
   nn::clear_cast_cache(*model_);  // the pass's weight copies: not held into the next step
-  if (pg_) pg_->all_reduce_sum(sums, "validation sums");
+  auto reduced = torch::cat({sums, counts.unsqueeze(1)}, 1);  // one collective: [sources, 5]
+  if (pg_) pg_->all_reduce_sum(reduced, "validation sums");
+  const auto total = reduced.sum(0);
   ValidationResult r;
-  r.loss = sums[0].item<double>() / std::max(sums[1].item<double>(), 1.0);
-  r.action_mse = sums[2].item<double>() / std::max(sums[3].item<double>(), 1.0);
+  r.loss = total[0].item<double>() / std::max(total[1].item<double>(), 1.0);
+  r.action_mse = total[2].item<double>() / std::max(total[3].item<double>(), 1.0);
   r.samples = static_cast<int64_t>(samples.size());
+  for (int64_t i = 0; i < num_sources; ++i) {
+    const auto row = reduced[i];
+    DatasetValidation d;
+    d.name = data_.sources[static_cast<size_t>(i)].name;
+    d.loss_positions = row[1].item<double>();
+    d.action_positions = row[3].item<double>();
+    d.loss = d.loss_positions > 0 ? row[0].item<double>() / d.loss_positions : std::nan("");
+    d.action_mse = d.action_positions > 0 ? row[2].item<double>() / d.action_positions : std::nan("");
+    d.samples = static_cast<int64_t>(row[4].item<double>());
+    r.datasets.push_back(std::move(d));
+  }
   return r;
 }
 

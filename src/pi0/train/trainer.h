@@ -65,6 +65,7 @@ struct ValidationResult {
   double loss = 0.0;        ///< flow-matching loss with each sample's fixed noise and time (train.loss_mask applies)
   double action_mse = 0.0;  ///< squared error of sampled actions against the recorded ones (normalized units)
   int64_t samples = 0;      ///< held-out samples evaluated
+  std::vector<DatasetValidation> datasets;  ///< one per dataset (data source), in data.datasets order
 };
 
 /// What one optimizer step did.
@@ -137,6 +138,9 @@ class Trainer {
   void open_run_dir();
   /// Data parallel, after the first step: each rank's optimizer, EMA and gradient bytes, logged by rank 0.
   void log_held_state();
+  /// After a validation pass (and the save at its step): "best so far: step N (val_loss x)", by checkpoint.keep_best's
+  /// ranking when it is on. Rank 0. `first_step`: the step this start began at.
+  void log_best_so_far(int64_t first_step);
   int64_t local_batch() const;
   void check_and_sync_replicas();
 
@@ -165,6 +169,8 @@ class Trainer {
   std::optional<MetricsProcessor> metrics_;  ///< intervals, metrics.jsonl and the progress line (from run())
   /// The latest validation pass's loss and its step: a checkpoint of that step records it (checkpoint.keep_best).
   std::optional<std::pair<int64_t, double>> last_val_;
+  /// The lowest validation pass of this start (step, val_loss): "best so far" without checkpoint.keep_best.
+  std::optional<std::pair<int64_t, double>> best_val_;
 };
 
 }  // namespace pi0::train

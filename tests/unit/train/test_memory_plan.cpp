@@ -355,7 +355,8 @@ TEST_CASE("train.gradient_checkpointing=auto: the fewest recomputed FLOPs whose 
   CHECK(train::describe_checkpointing(cfg, {12, 10}) == "12 of 27 vision, 10 of 18 language layers");
   CHECK(train::plan_memory(cfg, 1).checkpointed == none);
   CHECK_THAT(train::format_memory_report(cfg, 1, true),
-             Catch::Contains("gradient checkpointing off (auto: pi0-train recomputes only the layers the GPU needs)"));
+             Catch::Contains("gradient checkpointing off (auto: pi0-train recomputes only the layers the GPU needs; "
+                             "each card's choice is in the table below)"));
 }
 
 TEST_CASE("train.offload=optimizer: host memory per parameter as the offload allocates it, and the refusal",

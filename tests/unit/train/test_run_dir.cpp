@@ -370,3 +370,29 @@ TEST_CASE("pi0-plot draws validation records: val_loss over the loss, val_action
   CHECK(count_panels(chosen, w) == 2);
   CHECK(count_color(chosen, val_color) == 0);
 }
+
+TEST_CASE("pi0-plot draws a mixture's per-dataset validation lines beside the aggregate, a colour per dataset",
+          "[unit][train]") {
+  testing::TempDir dir("pi0plot");
+  const std::string metrics = dir.str("metrics.jsonl");
+  {
+    MetricsWriter w(metrics);
+    for (int64_t s = 1; s <= 100; ++s) {
+      w.write(s, {{"loss", 1.0 / s}, {"lr", 1e-4}});
+      if (s % 25 == 0) {
+        w.write(s, {{"val_loss", 2.0 / s}, {"val_action_mse", 0.5 / s}, {"val_loss/near", 1.5 / s},
+                    {"val_loss/far", 3.0 / s}, {"val_action_mse/near", 0.4 / s}, {"val_action_mse/far", 0.7 / s}});
+      }
+    }
+  }
+  // pi0-plot's dataset colours, in the order the datasets first appear in the file (keys sorted: far, near).
+  const Rgb first{23, 190, 207}, second{188, 189, 34};
+  uint32_t w = 0, h = 0;
+  const auto rgb = run_pi0_plot(dir, metrics, "--width 600 --height 700", w, h);
+  CHECK(count_panels(rgb, w) == 3);  // no panel of their own: lines in the val_loss and val_action_mse panels
+  CHECK(count_color(rgb, first) > 100);
+  CHECK(count_color(rgb, second) > 100);
+  const auto chosen = run_pi0_plot(dir, metrics, "--width 600 --height 700 --keys loss,lr", w, h);
+  CHECK(count_color(chosen, first) == 0);
+  CHECK(count_color(chosen, second) == 0);
+}
