@@ -535,7 +535,7 @@ TEST_CASE("pi0-serve: examples/rtc_client.py runs a real-time chunk queue and ev
 // comes from the server's metadata, and the output shows whether RTC worked: each seam jump next to the per-tick
 // step of the executed actions, late answers and stalls flagged per chunk. A client sending the wrong robot's keys
 // prints the server's error line and exits 1.
-TEST_CASE("pi0-serve: examples/rtc_client.py takes the robot from the metadata and prints seams, or the server's error", "[serve]") {
+TEST_CASE("pi0-serve: examples/rtc_client.py takes the robot from the metadata and prints seams or the server's error", "[serve]") {
   TempDir dir("pi0serve_rtc_newcomer");
   const std::string python = openpi_client_python(dir);
   if (python.empty()) return;
