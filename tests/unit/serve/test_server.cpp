@@ -426,7 +426,7 @@ TEST_CASE("pi0-serve: bad flags and bundles are one-line errors with exit code 2
     std::string args, expected;
   };
   const std::vector<Case> cases = {
-      {"--robot libero", "--bundle is required"},
+      {"--robot libero", "--bundle: missing; give a bundle (pi0-export --out) or --checkpoint"},
       {"--bundle " + b.bundle + " --robot franka", "--robot: got 'franka', expected libero, aloha, droid or raw"},
       {"--bundle " + b.bundle + " --port 70000", "--port: got '70000', expected an integer in [0, 65535]"},
       {"--bundle " + b.bundle + " --dtype fp8", "--dtype: got 'fp8', expected bf16, bfloat16, f32 or float32"},
