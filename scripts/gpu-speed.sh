@@ -74,10 +74,9 @@ have_old=0
 if [ -n "$OLD" ]; then
   if wait $old_pid; then have_old=1; else log "old tree build FAILED (bold_build.log)"; fi
 fi
-for rep in 1 2; do
-  batches=1; [ $rep = 2 ] && batches=1,8   # batch 8's chunks/s once
-  infer "pi0_new_$rep" "$NEW/bench_infer" configs/pi0_libero.yaml 1,3 --batches $batches
-  [ $have_old = 0 ] || infer "pi0_old_$rep" "$OLDB/bench_infer" configs/pi0_libero.yaml 1,3
+for rep in $(seq 1 "${INFER_REPS:-1}"); do
+  infer "pi0_new_$rep" "$NEW/bench_infer" configs/pi0_libero.yaml 1,3 --batches 1,8
+  [ $have_old = 0 ] || infer "pi0_old_$rep" "$OLDB/bench_infer" configs/pi0_libero.yaml 1,3 --batches 1,8
 done
 infer pi05_new "$NEW/bench_infer" configs/pi05_libero.yaml 3
 [ $have_old = 0 ] || infer pi05_old "$OLDB/bench_infer" configs/pi05_libero.yaml 3
