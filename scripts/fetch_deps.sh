@@ -21,10 +21,12 @@ DIR="$(cd "$DIR" && pwd)"
 # Not needed with a pip LibTorch: OpenBLAS (the wheel has MKL inside), libtorch-dev. gloo: headers only (the wheel's
 # libtorch_cpu has Gloo inside; c10d's ProcessGroupGloo.hpp includes gloo headers).
 DEV=(libyaml-cpp-dev libpng-dev libspdlog-dev libfmt-dev nlohmann-json3-dev catch2 libsentencepiece-dev libjpeg62-turbo-dev
-     libhdf5-dev libgloo-dev zlib1g-dev libaec-dev libmsgpack-cxx-dev libcli11-dev libxxhash-dev)
+     libhdf5-dev libgloo-dev zlib1g-dev libaec-dev libmsgpack-cxx-dev libcli11-dev libxxhash-dev
+     libonig-dev)
 # Not carried: Boost (pi0-serve's Beast/Asio), ~150 MB of headers, over the 64 MB a GPU-machine call can carry.
 # Without it configure leaves pi0-serve out and says so; the server is validated on CPU machines.
-RUNTIME=(libyaml-cpp0.7 libpng16-16 libspdlog1.10 libfmt9 libsentencepiece0 libjpeg62-turbo libhdf5-103-1 libsz2 libaec0 libxxhash0)
+RUNTIME=(libyaml-cpp0.7 libpng16-16 libspdlog1.10 libfmt9 libsentencepiece0 libjpeg62-turbo libhdf5-103-1 libsz2 libaec0 libxxhash0
+         libonig5)
 # Libraries assumed present on any glibc Linux the binaries run on; everything else the runtime set needs is carried.
 BASE='^(libc6|libgcc-s1|libstdc\+\+6|zlib1g|gcc-12-base|libcrypt1|debconf|perl-base|libselinux1|libpcre2-8-0|dpkg|tar|install-info|ca-certificates|openssl|libssl-dev)$'
 

@@ -18,6 +18,7 @@ BUILD_DIR="${1:-$([ $CUDA = 1 ] && echo build-cuda || echo build)}"
 PACKAGES=(cmake ninja-build g++ pkg-config libgloo-dev libopenblas0-pthread libyaml-cpp-dev
           libspdlog-dev libhdf5-dev catch2 libcli11-dev libsentencepiece-dev sentencepiece nlohmann-json3-dev zlib1g-dev
           libxxhash-dev  # checkpoint manifests (XXH3)
+          libonig-dev    # FAST action tokenizer: the GPT-2 split on Oniguruma, as HF tokenizers
           libboost-dev libmsgpack-cxx-dev python3-venv  # pi0-serve: Beast/Asio, msgpack; its test venv
           clang libclang-rt-dev                          # scripts/fuzz.sh: libFuzzer, ASan, UBSan
           libavformat-dev libavcodec-dev libswscale-dev libavutil-dev libdav1d-dev libpng-dev)  # format: lerobot
