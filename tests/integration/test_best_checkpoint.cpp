@@ -26,20 +26,14 @@
 #include "support/app_process.h"
 #include "support/log_capture.h"
 #include "support/test_support.h"
+#include "support/run_metrics.h"
 #include "support/tiny_run.h"
 
 using namespace pi0;
 using Catch::Contains;
+using pi0::testing::metric_by_step;
 
 namespace {
-
-// step -> value of `key` in the run's metrics.jsonl records that have it.
-std::map<int64_t, double> metric(const std::string& run_dir, const std::string& key) {
-  std::map<int64_t, double> out;
-  for (const auto& r : train::read_metrics(run_dir + "/metrics.jsonl"))
-    if (r.contains(key)) out[r.at("step").get<int64_t>()] = r.at(key).get<double>();
-  return out;
-}
 
 // A mixture of two generated LIBERO-layout datasets ("near" and "far", other episodes each), each with its own norm
 // stats, a validation split and keep_best, trained for `num_steps`; written as dir/mix.yaml (the apps read files).
@@ -133,9 +127,9 @@ TEST_CASE("validation per dataset: a mixture's values, weighted by their positio
 
   // metrics.jsonl: every pass has both datasets' values beside the aggregate, in the same relation.
   const auto run = dir.str("run");
-  const auto agg = metric(run, "val_loss"), agg_mse = metric(run, "val_action_mse");
-  const auto near = metric(run, "val_loss/near"), far = metric(run, "val_loss/far");
-  const auto near_mse = metric(run, "val_action_mse/near"), far_mse = metric(run, "val_action_mse/far");
+  const auto agg = metric_by_step(run, "val_loss"), agg_mse = metric_by_step(run, "val_action_mse");
+  const auto near = metric_by_step(run, "val_loss/near"), far = metric_by_step(run, "val_loss/far");
+  const auto near_mse = metric_by_step(run, "val_action_mse/near"), far_mse = metric_by_step(run, "val_action_mse/far");
   REQUIRE(agg.size() == 4);  // keep_best: a pass before every save
   REQUIRE(near.size() == 4);
   REQUIRE(far.size() == 4);
@@ -158,7 +152,7 @@ TEST_CASE("validation of a single dataset adds no per-dataset keys", "[integrati
   train::Trainer(run.config("a", {"data.validation_split=0.34", "train.val_samples=4", "train.num_steps=1"})).run();
   for (const auto& r : train::read_metrics(run.dir.str("a") + "/metrics.jsonl"))
     for (auto it = r.begin(); it != r.end(); ++it) CHECK(it.key().find('/') == std::string::npos);
-  CHECK(metric(run.dir.str("a"), "val_loss").size() == 1);
+  CHECK(metric_by_step(run.dir.str("a"), "val_loss").size() == 1);
 }
 
 TEST_CASE("keep_best: the log names the best checkpoint at each pass, and pi0-export --best exports it",
@@ -170,7 +164,7 @@ TEST_CASE("keep_best: the log names the best checkpoint at each pass, and pi0-ex
     testing::LogCapture log;
     train::Trainer(config::load_config(yaml)).run();
     // After every pass (and the save at its step), the first of keep_best's ranking: the lowest val_loss so far.
-    const auto val = metric(dir.str("run"), "val_loss");
+    const auto val = metric_by_step(dir.str("run"), "val_loss");
     REQUIRE(val.size() == 3);
     double best = INFINITY;
     int64_t best_step = 0;

@@ -26,22 +26,16 @@
 #include "support/app_process.h"
 #include "support/log_capture.h"
 #include "support/test_support.h"
+#include "support/run_metrics.h"
 #include "support/tiny_run.h"
 #include "unit/data/lerobot_test_util.h"
 
 using namespace pi0;
 using pi0::testing::TinyRun;
 using Catch::Contains;
+using pi0::testing::metric_by_step;
 
 namespace {
-
-// step -> value of `key` in the run's metrics.jsonl records that have it.
-std::map<int64_t, double> metric(const std::string& run_dir, const std::string& key) {
-  std::map<int64_t, double> out;
-  for (const auto& r : train::read_metrics(run_dir + "/metrics.jsonl"))
-    if (r.contains(key)) out[r.at("step").get<int64_t>()] = r.at(key).get<double>();
-  return out;
-}
 
 const std::vector<std::string> kSplit = {"data.validation_split=0.34", "train.val_samples=6", "train.ema_decay=0"};
 
@@ -76,8 +70,8 @@ TEST_CASE("validation: val_loss is the same on every pass, across a resume, and 
   train::Trainer a(run.config("a", with(kSplit, {"train.num_steps=4", "checkpoint.save_interval=1",
                                                  "checkpoint.keep_last=1", "checkpoint.keep_best=2"})));
   a.run();
-  const auto val_a = metric(run.dir.str("a"), "val_loss");
-  const auto mse_a = metric(run.dir.str("a"), "val_action_mse");
+  const auto val_a = metric_by_step(run.dir.str("a"), "val_loss");
+  const auto mse_a = metric_by_step(run.dir.str("a"), "val_action_mse");
   REQUIRE(val_a.size() == 4);
   REQUIRE(mse_a.size() == 4);
   for (const auto& [step, v] : val_a) {
@@ -120,11 +114,11 @@ TEST_CASE("validation: val_loss is the same on every pass, across a resume, and 
     train::Trainer b(b_cfg(4), ro);
     b.run();
   }
-  const auto val_b = metric(run.dir.str("b"), "val_loss");
+  const auto val_b = metric_by_step(run.dir.str("b"), "val_loss");
   REQUIRE(val_b.size() == 2);
   CHECK(val_b.at(2) == val_a.at(2));
   CHECK(val_b.at(4) == val_a.at(4));
-  CHECK(metric(run.dir.str("b"), "loss") == metric(run.dir.str("a"), "loss"));
+  CHECK(metric_by_step(run.dir.str("b"), "loss") == metric_by_step(run.dir.str("a"), "loss"));
 }
 
 TEST_CASE("validation: a resume that changes the held-out set is refused with one line naming the key and both "
@@ -316,7 +310,7 @@ TEST_CASE("mixture: an HDF5 and a LeRobot video dataset with other dims train, e
   CHECK(data::load_norm_stats(dir.str("libero_stats.json")).keys.at("actions").mean.size() == 7);
   CHECK(data::load_norm_stats(dir.str("sim_stats.json")).keys.at("actions").mean.size() == 9);
   ok("pi0-train", "--config " + yaml);
-  const auto val = metric(dir.str("run"), "val_loss");
+  const auto val = metric_by_step(dir.str("run"), "val_loss");
   REQUIRE(val.size() == 1);  // at the end (step 2)
   CHECK(std::isfinite(val.begin()->second));
   ok("pi0-export", "--checkpoint " + dir.str("run") + " --out " + dir.str("bundle") + " --dtype float32");
