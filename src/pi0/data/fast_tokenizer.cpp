@@ -23,6 +23,7 @@ using json = nlohmann::json;
 // GPT-2's pre-tokenizer regex, as HF's ByteLevel pre-tokenizer compiles it (with Oniguruma).
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 constexpr char32_t kReplacement = 0xFFFD;
+constexpr double kPi = 3.14159265358979323846;  // M_PI is not standard C++
 
 std::string dump(const json& v) {
   std::string s = v.dump();
@@ -96,7 +97,7 @@ const ByteMap& byte_map() {
 /// cos(pi * k * (2n + 1) / (2H)), with the angle reduced exactly in integers first.
 double dct_cos(int64_t k, int64_t n, int64_t H) {
   const int64_t m = (k * (2 * n + 1)) % (4 * H);
-  return std::cos(M_PI * static_cast<double>(m) / static_cast<double>(2 * H));
+  return std::cos(kPi * static_cast<double>(m) / static_cast<double>(2 * H));
 }
 
 void onig_init_once() {

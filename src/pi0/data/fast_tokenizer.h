@@ -31,6 +31,8 @@ struct FastDecoded {
   int64_t n_code_points = 0;    ///< code points the ids decoded to (-1 for a negative id, which upstream rejects)
 };
 
+/// Immutable after construction: const methods may run concurrently (loader workers share one instance; each
+/// Oniguruma search gets its own region).
 class FastTokenizer {
  public:
   /// Reads `dir`/processor_config.json and `dir`/tokenizer.json (and `dir`/tokenizer_config.json when present).

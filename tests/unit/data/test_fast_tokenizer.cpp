@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -34,7 +35,7 @@ void write(const std::string& path, const json& j) {
   out << j.dump();
 }
 
-bool close(double a, double b) { return std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(b)); }
+bool within_1e12(double a, double b) { return std::abs(a - b) <= 1e-12 * std::max(1.0, std::abs(b)); }
 
 int64_t n_code_points(const std::string& s) { return static_cast<int64_t>(FastTokenizer::utf8_lossy_code_points(s).size()); }
 
@@ -55,7 +56,7 @@ void check_cases(const std::string& name) {
       if (c.contains("dct")) {
         const auto want = c["dct"].get<std::vector<double>>();
         const auto got = FastTokenizer::dct(a, H, D);
-        for (size_t i = 0; i < want.size(); ++i) CHECK(close(got[i], want[i]));
+        for (size_t i = 0; i < want.size(); ++i) CHECK(within_1e12(got[i], want[i]));
       }
       const auto q = tok.quantize(a, H, D);
       CHECK(q == c["q"].get<std::vector<int64_t>>());
@@ -75,7 +76,7 @@ void check_cases(const std::string& name) {
     CHECK(dec.n_code_points == c["n_code_points"].get<int64_t>());
     const auto want = c["decoded"].get<std::vector<double>>();
     REQUIRE(dec.actions.size() == want.size());
-    for (size_t i = 0; i < want.size(); ++i) CHECK(close(dec.actions[i], want[i]));
+    for (size_t i = 0; i < want.size(); ++i) CHECK(within_1e12(dec.actions[i], want[i]));
     n_undecodable += dec.decodable ? 0 : 1;
   }
   CHECK(n_encode >= 110);
@@ -120,11 +121,11 @@ TEST_CASE("FAST DCT-II and DCT-III match scipy's orthonormal dct and idct", "[un
     const auto dct = FastTokenizer::dct(x, H, D), idct = FastTokenizer::idct(x, H, D);
     const auto want_dct = c["dct"].get<std::vector<double>>(), want_idct = c["idct"].get<std::vector<double>>();
     for (size_t i = 0; i < x.size(); ++i) {
-      CHECK(close(dct[i], want_dct[i]));
-      CHECK(close(idct[i], want_idct[i]));
+      CHECK(within_1e12(dct[i], want_dct[i]));
+      CHECK(within_1e12(idct[i], want_idct[i]));
     }
     const auto back = FastTokenizer::idct(dct, H, D);
-    for (size_t i = 0; i < x.size(); ++i) CHECK(close(back[i], x[i]));
+    for (size_t i = 0; i < x.size(); ++i) CHECK(within_1e12(back[i], x[i]));
   }
 }
 
@@ -203,6 +204,30 @@ TEST_CASE("FAST encode of a tensor equals the float64 path", "[unit][data][fast]
   const auto a = c["actions"].get<std::vector<double>>();
   const torch::Tensor t = torch::tensor(a, torch::kFloat64).reshape({9, 4});
   CHECK(tok.encode(t) == c["ids"].get<std::vector<int64_t>>());
+}
+
+TEST_CASE("FAST tokenizer encodes and decodes from several threads at once", "[unit][data][fast]") {
+  const FastTokenizer tok(golden("tokenizer_b"));
+  const json cases = read(golden("cases_b.json"));
+  std::vector<std::vector<double>> chunks;
+  std::vector<std::vector<int64_t>> want;
+  for (const json& c : cases["cases"])
+    if (c.contains("actions")) {
+      chunks.push_back(c["actions"].get<std::vector<double>>());
+      want.push_back(c["ids"].get<std::vector<int64_t>>());
+    }
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 20; ++rep)
+        for (size_t i = 0; i < chunks.size(); ++i) {
+          const auto ids = tok.encode(chunks[i], 10, 7);
+          mismatches[static_cast<size_t>(t)] += (ids != want[i]) + !tok.decode(ids, 10, 7).decodable;
+        }
+    });
+  for (auto& th : threads) th.join();
+  CHECK(mismatches == std::vector<int>(4, 0));
 }
 
 TEST_CASE("FAST lossy UTF-8 replaces each maximal invalid subpart once", "[unit][data][fast]") {
