@@ -3,6 +3,7 @@
 #include <torch/version.h>
 
 #include <cmath>
+#include <limits>
 
 #include "pi0/common/check.h"
 #include "pi0/nn/attention_mask.h"
@@ -303,13 +304,20 @@ torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k, 
   const auto kg = k.permute({0, 2, 1, 3}).reshape({b * kv, s, d});
   const auto vg = v.permute({0, 2, 1, 3}).reshape({b * kv, s, d});
   auto logits = nn::matmul(qg, kg.transpose(1, 2));  // [B·K, T·G, S]
+  // True = not attended; every row keeps at least one key (its own token), so no row is all -inf.
+  // CUDA: ATen's one-kernel masked softmax (float32 inside for bf16 logits). The CPU's kernel for it took 3.6× a
+  // masked_fill_ + softmax (pi0 configs/bench_cpu.yaml, 3 cameras, float32: 415 ms against 72 + 115 ms per call,
+  // bench_infer --profile), so the CPU takes those two.
+  const auto softmax = [&](torch::Tensor x) {
+    if (x.is_cuda()) return at::_masked_softmax(x, masked, 2, 2);
+    return x.masked_fill_(masked, -std::numeric_limits<float>::infinity()).softmax(-1);
+  };
   torch::Tensor probs;
   if (nn::needs_float32_accumulation(logits)) {
     // The CPU's bf16 kernel rounds inside (1 bf16 step from a float32 softmax, LibTorch 1.13): float32 as on CUDA.
-    probs = at::_masked_softmax(logits.to(torch::kFloat32), masked, 2, 2).to(logits.scalar_type());
+    probs = softmax(logits.to(torch::kFloat32)).to(logits.scalar_type());
   } else {
-    // True = not attended; every row keeps at least one key (its own token). float32 inside for bf16 logits.
-    probs = at::_masked_softmax(logits, masked, 2, 2);
+    probs = softmax(logits);
   }
   const auto out = nn::matmul(probs, vg);  // [B·K, T·G, D]
   if (kv == 1) return out.view({b, t, g * d});
