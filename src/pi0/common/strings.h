@@ -30,4 +30,8 @@ std::string human_bytes(int64_t bytes);
 /// ".0" on integral values so it still reads as a number with a fraction ("1.0"); "inf", "-inf", "nan" otherwise.
 std::string shortest_double(double value);
 
+/// Appends the UTF-8 encoding of code point `cp` (at most U+10FFFF; callers reject surrogates and larger values
+/// first, as their messages name their own input).
+void append_utf8(std::string& out, char32_t cp);
+
 }  // namespace pi0

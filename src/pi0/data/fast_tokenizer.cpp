@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "pi0/common/check.h"
+#include "pi0/common/strings.h"
 
 namespace pi0::data {
 namespace {
@@ -56,24 +57,6 @@ const json* field(const json& j, const char* key) {
 bool is_null_or(const json& j, const char* key, const json& allowed) {
   const json* v = field(j, key);
   return v == nullptr || *v == allowed;
-}
-
-void append_utf8(std::string& out, char32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 /// GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 to U+0100 upwards in order.

@@ -9,6 +9,7 @@
 #include <msgpack.hpp>
 
 #include "pi0/common/check.h"
+#include "pi0/common/strings.h"
 
 namespace pi0::serve {
 namespace {
@@ -169,21 +170,7 @@ std::string text_from_bytes(const std::string& key, const Dtype& d, const uint8_
       if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
         throw UserError("'" + key + "': numpy text holds the invalid code point " + std::to_string(cp) +
                         ", expected Unicode text");
-      if (cp < 0x80) {
-        out += static_cast<char>(cp);
-      } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-      } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-      } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-      }
+      append_utf8(out, static_cast<char32_t>(cp));
     }
   }
   while (!out.empty() && out.back() == '\0') out.pop_back();

@@ -25,6 +25,16 @@ TEST_CASE("printable escapes control bytes and malformed UTF-8 and keeps well-fo
   CHECK(printable("\xed\xa0\x80") == "\\xed\\xa0\\x80");  // UTF-16 surrogate
 }
 
+TEST_CASE("append_utf8 writes each code point in its 1 to 4 byte form, and printable passes the result", "[unit][common]") {
+  std::string s;
+  for (char32_t cp : {U'A', U'\u00e9', U'\u20ac', U'\U0001F600', char32_t{0x7F}, char32_t{0x80}, char32_t{0x7FF},
+                      char32_t{0x800}, char32_t{0xFFFF}, char32_t{0x10000}, char32_t{0x10FFFF}})
+    append_utf8(s, cp);
+  CHECK(s == "A\xC3\xA9\xE2\x82\xAC\xF0\x9F\x98\x80\x7F\xC2\x80\xDF\xBF\xE0\xA0\x80\xEF\xBF\xBF"
+             "\xF0\x90\x80\x80\xF4\x8F\xBF\xBF");
+  CHECK(printable(s.substr(0, 10)) == s.substr(0, 10));  // well-formed: passes unchanged
+}
+
 TEST_CASE("quote_value quotes at most 200 characters and says how long the value was", "[unit][common][inputs]") {
   CHECK(quote_value("pick up") == "'pick up'");
   const std::string big(1 << 20, 'x');
