@@ -26,12 +26,14 @@
 #include "support/app_process.h"
 #include "support/log_capture.h"
 #include "support/test_support.h"
+#include "support/corrupt.h"
 #include "support/run_metrics.h"
 #include "support/tiny_run.h"
 
 using namespace pi0;
 using Catch::Contains;
 using pi0::testing::metric_by_step;
+using pi0::testing::set_val_loss;
 
 namespace {
 
@@ -75,18 +77,6 @@ std::string write_mixture(const testing::TempDir& dir, int64_t num_steps = 4) {
   const auto path = dir.str("mix.yaml");
   std::ofstream(path) << YAML::Dump(cfg);
   return path;
-}
-
-// Sets trainer_state.json's "val_loss" of checkpoint `step` and reseals its manifest (a checkpoint that verifies
-// with that value, as if its pass had measured it).
-void set_val_loss(const std::string& run_dir, int64_t step, double value) {
-  const auto dir = io::checkpoint_path(run_dir, step);
-  const auto file = dir + "/" + io::kTrainerStateFile;
-  nlohmann::json j;
-  std::ifstream(file) >> j;
-  j["val_loss"] = value;
-  std::ofstream(file) << j.dump(2) << "\n";
-  io::write_manifest(dir, step);
 }
 
 }  // namespace
@@ -177,9 +167,9 @@ TEST_CASE("keep_best: the log names the best checkpoint at each pass, and pi0-ex
   // Whatever the passes measured, step 2 now ranks first (a verified value) while step 3 is the newest: --best must
   // take 2, the default 3.
   REQUIRE(io::complete_checkpoints(dir.str("run")) == std::vector<int64_t>{1, 2, 3});
-  set_val_loss(dir.str("run"), 1, 0.5);
-  set_val_loss(dir.str("run"), 2, 1e-6);
-  set_val_loss(dir.str("run"), 3, 1.0);
+  set_val_loss(dir.str("run"), 1, 0.5, /*reseal=*/true);
+  set_val_loss(dir.str("run"), 2, 1e-6, /*reseal=*/true);
+  set_val_loss(dir.str("run"), 3, 1.0, /*reseal=*/true);
   const auto ranked = train::best_checkpoints(dir.str("run"), "--best");
   REQUIRE(ranked.size() == 3);
   CHECK(ranked[0].step == 2);

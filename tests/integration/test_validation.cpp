@@ -26,6 +26,7 @@
 #include "support/app_process.h"
 #include "support/log_capture.h"
 #include "support/test_support.h"
+#include "support/corrupt.h"
 #include "support/run_metrics.h"
 #include "support/tiny_run.h"
 #include "unit/data/lerobot_test_util.h"
@@ -34,6 +35,7 @@ using namespace pi0;
 using pi0::testing::TinyRun;
 using Catch::Contains;
 using pi0::testing::metric_by_step;
+using pi0::testing::set_val_loss;
 
 namespace {
 
@@ -42,18 +44,6 @@ const std::vector<std::string> kSplit = {"data.validation_split=0.34", "train.va
 std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
-}
-
-// Sets trainer_state.json's "val_loss" of checkpoint `step`; with `reseal` the manifest is written anew (a checkpoint
-// that verifies with that value), without it the file no longer matches the manifest (edited after the fact).
-void set_val_loss(const std::string& run_dir, int64_t step, double value, bool reseal) {
-  const auto dir = io::checkpoint_path(run_dir, step);
-  const auto file = dir + "/" + io::kTrainerStateFile;
-  nlohmann::json j;
-  std::ifstream(file) >> j;
-  j["val_loss"] = value;
-  std::ofstream(file) << j.dump(2) << "\n";
-  if (reseal) io::write_manifest(dir, step);
 }
 
 std::set<int64_t> kept_steps(const std::string& run_dir) {

@@ -6,7 +6,11 @@
 #include <string>
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
+#include "pi0/io/checkpoint_dir.h"
+#include "pi0/io/checkpoint_files.h"
+#include "pi0/io/manifest.h"
 #include "pi0/io/safetensors.h"
 
 namespace pi0::testing {
@@ -66,6 +70,19 @@ inline void write_nan(const std::string& path, const std::string& name, int64_t 
   if (elem == 4) std::memcpy(&bytes[at], &nan, 4);
   else std::memcpy(&bytes[at], reinterpret_cast<const char*>(&nan) + 2, 2);
   write_bytes(path, bytes);
+}
+
+/// Sets trainer_state.json's "val_loss" of checkpoint `step` in `run_dir`. With `reseal` the manifest is written
+/// anew (a checkpoint that verifies with that value, as if its pass had measured it); without it the file no longer
+/// matches the manifest (edited after the fact).
+inline void set_val_loss(const std::string& run_dir, int64_t step, double value, bool reseal) {
+  const auto dir = io::checkpoint_path(run_dir, step);
+  const auto file = dir + "/" + io::kTrainerStateFile;
+  nlohmann::json j;
+  std::ifstream(file) >> j;
+  j["val_loss"] = value;
+  std::ofstream(file) << j.dump(2) << "\n";
+  if (reseal) io::write_manifest(dir, step);
 }
 
 }  // namespace pi0::testing
