@@ -94,4 +94,11 @@ class FastTokenizer {
   std::unique_ptr<Regex> regex_;
 };
 
+/// openpi's map of FAST ids into PaliGemma's vocabulary (tokenizer.py FASTTokenizer, `_act_tokens_to_paligemma_tokens`):
+/// the last ids of the vocabulary, counted down, skipping its 128 `<seg>` tokens at the very end:
+/// pg(id) = vocab − 1 − 128 − id (257023 − id for PaliGemma's 257152). Both directions throw pi0::UserError on an
+/// id outside [0, vocab − 129] / a token below the FAST range (a FAST id ≥ the fast vocabulary is the caller's check).
+int64_t fast_to_paligemma(int64_t fast_id, int64_t paligemma_vocab);
+int64_t paligemma_to_fast(int64_t paligemma_id, int64_t paligemma_vocab);
+
 }  // namespace pi0::data

@@ -310,3 +310,16 @@ TEST_CASE("FAST encode and decode reject unusable input with one line", "[unit][
                                              "decode needs the chunk's H and D (pass them, or set them in "
                                              "processor_config.json)");
 }
+
+TEST_CASE("FAST ids map into PaliGemma's vocabulary as openpi's FASTTokenizer does", "[unit][data][fast]") {
+  // openpi: pg(id) = vocab - 1 - 128 - id; LeRobot's pi0-FAST test expects FAST ids 2003 and 1434 at 255020 and 255589.
+  CHECK(pi0::data::fast_to_paligemma(0, 257152) == 257023);
+  CHECK(pi0::data::fast_to_paligemma(2003, 257152) == 255020);
+  CHECK(pi0::data::fast_to_paligemma(1434, 257152) == 255589);
+  CHECK(pi0::data::paligemma_to_fast(255020, 257152) == 2003);
+  for (int64_t id : {0, 1, 1023, 1024, 2047, 3967})
+    CHECK(pi0::data::paligemma_to_fast(pi0::data::fast_to_paligemma(id, 4096), 4096) == id);
+  CHECK_THROWS_WITH(pi0::data::fast_to_paligemma(3968, 4096), Catch::Contains("expected 0..3967"));
+  CHECK_THROWS_WITH(pi0::data::fast_to_paligemma(-1, 257152), Catch::Contains("FAST id -1"));
+  CHECK_THROWS_WITH(pi0::data::paligemma_to_fast(257024, 257152), Catch::Contains("not a FAST token"));
+}
