@@ -46,6 +46,7 @@ int pi0_spm_decode(void* h, const int* ids, int n, char* buf, int cap) {
 }
 
 int pi0_spm_bos_id(void* h) { return static_cast<sentencepiece::SentencePieceProcessor*>(h)->bos_id(); }
+int pi0_spm_eos_id(void* h) { return static_cast<sentencepiece::SentencePieceProcessor*>(h)->eos_id(); }
 int pi0_spm_piece_size(void* h) { return static_cast<sentencepiece::SentencePieceProcessor*>(h)->GetPieceSize(); }
 
 }  // extern "C"

@@ -23,6 +23,7 @@ struct SpmApi {
   int (*encode)(void*, const char*, int, int*, int) = nullptr;
   int (*decode)(void*, const int*, int, char*, int) = nullptr;
   int (*bos_id)(void*) = nullptr;
+  int (*eos_id)(void*) = nullptr;
   int (*piece_size)(void*) = nullptr;
 };
 
@@ -47,6 +48,7 @@ const SpmApi& spm_api() {
     api.encode = reinterpret_cast<decltype(api.encode)>(sym("pi0_spm_encode"));
     api.decode = reinterpret_cast<decltype(api.decode)>(sym("pi0_spm_decode"));
     api.bos_id = reinterpret_cast<decltype(api.bos_id)>(sym("pi0_spm_bos_id"));
+    api.eos_id = reinterpret_cast<decltype(api.eos_id)>(sym("pi0_spm_eos_id"));
     api.piece_size = reinterpret_cast<decltype(api.piece_size)>(sym("pi0_spm_piece_size"));
   });
   return api;
@@ -99,6 +101,7 @@ std::string Tokenizer::decode(const std::vector<int>& ids) const {
 }
 
 int Tokenizer::bos_id() const { return spm_api().bos_id(impl_->handle); }
+int Tokenizer::eos_id() const { return spm_api().eos_id(impl_->handle); }
 int64_t Tokenizer::vocab_size() const { return spm_api().piece_size(impl_->handle); }
 
 std::string Tokenizer::clean(const std::string& prompt) {

@@ -30,6 +30,8 @@ class Tokenizer {
   std::vector<int> encode(const std::string& text, bool add_bos = false) const;
   std::string decode(const std::vector<int>& ids) const;
   int bos_id() const;
+  /// The model's EOS id (PaliGemma: 1); pi0-FAST ends its postfix with it.
+  int eos_id() const;
   int64_t vocab_size() const;
 
   /// strip, then '_' -> ' ' and '\n' -> ' ' (openpi; no lower-casing).
