@@ -686,6 +686,21 @@ void validate(const Config& c) {
   require(t.val_samples >= 0, "train.val_samples", t.val_samples, ">= 0 (0 = every held-out frame)");
   require(t.rtc_delay_exp_rate > 0 && std::isfinite(t.rtc_delay_exp_rate), "train.rtc_delay_exp_rate",
           t.rtc_delay_exp_rate, "a finite number > 0");
+  if (t.ki.enabled) {
+    // The action expert must read a prefix the backbone also sees at inference (pi0.5's adaRMS expert, no state
+    // token); pi0 is not how the paper trains with insulation.
+    require(c.model.type == "pi05", "train.ki.enabled", "true with model.type '" + c.model.type + "'",
+            "model.type pi05 (knowledge insulation trains pi0.5)");
+    require(!t.ki.fast_tokenizer.empty(), "train.ki.fast_tokenizer", "''",
+            "a FAST tokenizer folder (processor_config.json + tokenizer.json) when train.ki.enabled");
+    require(t.ki.max_fast_tokens >= 3, "train.ki.max_fast_tokens", t.ki.max_fast_tokens,
+            ">= 3 (at least one FAST id, the separator and EOS)");
+    require(t.ki.ce_weight >= 0, "train.ki.ce_weight", t.ki.ce_weight, ">= 0");
+    require(t.ki.flow_weight >= 0, "train.ki.flow_weight", t.ki.flow_weight, ">= 0");
+    require(t.ki.ce_weight > 0 || t.ki.flow_weight > 0, "train.ki.ce_weight", t.ki.ce_weight,
+            "> 0 when train.ki.flow_weight is 0 (nothing would train)");
+  }
+  require_plain_path("train.ki.fast_tokenizer", t.ki.fast_tokenizer);
   const auto& k = c.checkpoint;
   require(!k.run_dir.empty(), "checkpoint.run_dir", "''", "a directory path");
   require_plain_path("checkpoint.run_dir", k.run_dir);

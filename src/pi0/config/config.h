@@ -187,6 +187,30 @@ struct DataConfig {
   }
 };
 
+/// train.ki: knowledge insulation (pi0.5 paper, Driess et al. arXiv 2505.23705): the backbone learns from a
+/// cross-entropy on FAST action tokens appended to the prefix, the action expert from flow matching through a
+/// stop-gradient of the backbone's keys and values (docs/ki.md).
+struct KiConfig {
+  bool enabled = false;
+  std::string fast_tokenizer;  ///< folder with processor_config.json + tokenizer.json (docs/fast.md)
+  int64_t max_fast_tokens = 64;
+  double ce_weight = 1.0;
+  double flow_weight = 10.0;
+
+  template <class V>
+  void visit(V& v) {
+    v("enabled", enabled, "knowledge insulation (model.type pi05 only): FAST action tokens after the prompt train the "
+                          "backbone by cross-entropy, the action expert reads a stop-gradient of the backbone's keys "
+                          "and values (docs/ki.md)");
+    v("fast_tokenizer", fast_tokenizer, "FAST tokenizer folder (processor_config.json + tokenizer.json, docs/fast.md); "
+                                        "its ids map into the PaliGemma vocabulary as openpi's pi0-FAST");
+    v("max_fast_tokens", max_fast_tokens, "length of the FAST block (its FAST ids, openpi's separator token and "
+                                          "EOS, right-padded); longer blocks are truncated (counted, warned once)");
+    v("ce_weight", ce_weight, "weight of the FAST cross-entropy in the loss");
+    v("flow_weight", flow_weight, "weight of the flow-matching loss (the paper's alpha: 10 in pi0.5 post-training)");
+  }
+};
+
 struct TrainConfig {
   int64_t num_steps = 30000;
   int64_t batch_size = 32;
@@ -222,6 +246,7 @@ struct TrainConfig {
   int64_t val_interval = 0;
   int64_t val_samples = 64;
   bool tensorboard = false;
+  KiConfig ki;
 
   template <class V>
   void visit(V& v) {
@@ -270,6 +295,7 @@ struct TrainConfig {
     v("tensorboard", tensorboard, "also write TensorBoard event files (events.out.tfevents.*, a new one per start) "
                                   "into checkpoint.run_dir: every metrics.jsonl value at its step and the first "
                                   "batch's camera views at step 0; rank 0 only. See docs/formats.md");
+    v.section("ki", ki);
   }
 };
 

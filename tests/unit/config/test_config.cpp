@@ -271,3 +271,31 @@ TEST_CASE("a YAML alias bomb is refused at once, and anchors in a real config st
   CHECK(c.train.trainable_exclude == std::vector<std::string>{"a.*"});
   CHECK(c.model.action_horizon == 16);
 }
+
+TEST_CASE("train.ki is off by default and validated naming its keys", "[unit][config][ki]") {
+  const auto d = parse("");
+  CHECK_FALSE(d.train.ki.enabled);
+  CHECK(d.train.ki.ce_weight == 1.0);
+  CHECK(d.train.ki.flow_weight == 10.0);  // the paper's alpha
+  const std::string pi05 = "model: {type: pi05}\n";
+  const auto ok = parse(pi05, {"train.ki.enabled=true", "train.ki.fast_tokenizer=fast", "train.ki.max_fast_tokens=32"});
+  CHECK(ok.train.ki.enabled);
+  CHECK(ok.train.ki.max_fast_tokens == 32);
+  // (Catch's composed matchers hold references to their parts: each is spelled out in its own CHECK.)
+  CHECK_THROWS_WITH(parse("model: {type: pi0}\n", {"train.ki.enabled=true", "train.ki.fast_tokenizer=fast"}),
+                    Contains("train.ki.enabled must be model.type pi05") && !Contains("\n") && Contains("'pi0'"));
+  CHECK_THROWS_WITH(parse(pi05, {"train.ki.enabled=true"}),
+                    Contains("train.ki.fast_tokenizer must be a FAST tokenizer folder") && !Contains("\n"));
+  CHECK_THROWS_WITH(parse(pi05, {"train.ki.enabled=true", "train.ki.fast_tokenizer=f", "train.ki.max_fast_tokens=2"}),
+                    Contains("train.ki.max_fast_tokens must be >= 3") && !Contains("\n") && Contains("(got 2)"));
+  CHECK_THROWS_WITH(parse(pi05, {"train.ki.enabled=true", "train.ki.fast_tokenizer=f", "train.ki.ce_weight=-1"}),
+                    Contains("train.ki.ce_weight must be >= 0") && !Contains("\n"));
+  CHECK_THROWS_WITH(parse(pi05, {"train.ki.enabled=true", "train.ki.fast_tokenizer=f", "train.ki.flow_weight=-1"}),
+                    Contains("train.ki.flow_weight must be >= 0") && !Contains("\n"));
+  CHECK_THROWS_WITH(parse(pi05, {"train.ki.enabled=true", "train.ki.fast_tokenizer=f", "train.ki.flow_weight=0",
+                                 "train.ki.ce_weight=0"}),
+                    Contains("train.ki.ce_weight must be > 0 when train.ki.flow_weight is 0") && !Contains("\n"));
+  CHECK_THROWS_WITH(parse("train: {ki: {enabld: true}}\n"), Contains("train.ki.enabld") && Contains("train.ki.enabled"));
+  // Off: the block is ignored, whatever it holds (a config can keep its KI settings and switch them off).
+  CHECK_NOTHROW(parse("", {"train.ki.max_fast_tokens=0"}));
+}
