@@ -160,6 +160,7 @@ model::Batch pinned(const model::Batch& b) {
   out.actions = pin(b.actions);
   out.action_rows = pin(b.action_rows);
   out.action_dims = pin(b.action_dims);
+  if (b.fast_tokens.defined()) out.fast_tokens = pin(b.fast_tokens), out.fast_mask = pin(b.fast_mask);
   return out;
 }
 }  // namespace

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include <spdlog/spdlog.h>
+
 #include "pi0/common/check.h"
+#include "pi0/data/fast_tokenizer.h"
 #include "pi0/data/tokenizer.h"
 
 namespace pi0::data {
@@ -352,6 +355,12 @@ NormMode TransformOptions::norm_mode() const {
 SampleTransform::SampleTransform(TransformOptions options, NormStats stats, std::shared_ptr<const Tokenizer> tokenizer)
     : options_(options.resolved()), stats_(std::move(stats)), tokenizer_(std::move(tokenizer)) {
   PI0_CHECK(tokenizer_ != nullptr, "SampleTransform needs a tokenizer");
+  if (options_.fast_tokenizer) {
+    PI0_CHECK(options_.max_fast_tokens > 0, "a FAST block needs max_fast_tokens > 0");
+    // openpi's pi0-FAST postfix ends with spm.encode("|", add_eos=True).
+    for (const int id : tokenizer_->encode("|")) fast_end_.push_back(id);
+    fast_end_.push_back(tokenizer_->eos_id());
+  }
   if (options_.norm != "none") {
     stats_.at("state");
     stats_.at("actions");
@@ -395,6 +404,7 @@ ProcessedSample SampleTransform::operator()(const RawSample& raw, std::optional<
   out.actions = pad_last_dim(actions, options_.action_dim).to(torch::kFloat32);
   out.valid_rows = raw.valid_rows;
   out.action_dims = actions.size(-1);
+  if (options_.fast_tokenizer) add_fast_block(out, actions);
 
   std::optional<Rng> rng;
   if (augment_seed) rng.emplace(*augment_seed);
@@ -417,6 +427,34 @@ ProcessedSample SampleTransform::operator()(const RawSample& raw, std::optional<
     out.image_masks.push_back(true);
   }
   return out;
+}
+
+void SampleTransform::add_fast_block(ProcessedSample& out, const torch::Tensor& actions) const {
+  // The robot's own dims, not the zero padding to model.action_dim: padded dims would spend the BPE merges and the
+  // CE on constant zeros (the departure of OpenTau the recipe avoids; docs/ki.md).
+  const auto fast_ids = options_.fast_tokenizer->encode(actions);
+  const int64_t vocab = tokenizer_->vocab_size();
+  std::vector<int64_t> block;
+  block.reserve(fast_ids.size() + fast_end_.size());
+  for (const int64_t id : fast_ids) block.push_back(fast_to_paligemma(id, vocab));
+  block.insert(block.end(), fast_end_.begin(), fast_end_.end());
+  const int64_t f = options_.max_fast_tokens, n = static_cast<int64_t>(block.size());
+  out.fast_length = n;
+  if (n > f) {
+    // As openpi's FASTTokenizer: cut, and say so; once per pipeline here rather than once per sample, with the count
+    // so far, so a long run's log is not flooded.
+    if (fast_truncations_->fetch_add(1) == 0) {
+      spdlog::warn("train.ki: a FAST block of {} tokens is longer than train.ki.max_fast_tokens ({}) and is "
+                   "truncated (its end token lost); raise max_fast_tokens (warned once, further truncations counted)",
+                   n, f);
+    }
+    block.resize(static_cast<size_t>(f));
+  }
+  out.fast_tokens = torch::zeros({f}, torch::kInt64);
+  out.fast_mask = torch::zeros({f}, torch::kBool);
+  const int64_t kept = std::min(n, f);
+  std::copy(block.begin(), block.begin() + kept, out.fast_tokens.data_ptr<int64_t>());
+  out.fast_mask.narrow(0, 0, kept).fill_(true);
 }
 
 model::Batch collate(const std::vector<ProcessedSample>& samples) {
@@ -450,6 +488,12 @@ model::Batch collate(const std::vector<ProcessedSample>& samples) {
   b.observation.tokenized_prompt = torch::stack(tok);
   b.observation.tokenized_prompt_mask = torch::stack(tm);
   b.actions = torch::stack(act);
+  if (samples[0].fast_tokens.defined()) {
+    std::vector<torch::Tensor> ft, fm;
+    for (const auto& s : samples) ft.push_back(s.fast_tokens), fm.push_back(s.fast_mask);
+    b.fast_tokens = torch::stack(ft);
+    b.fast_mask = torch::stack(fm);
+  }
   return b;
 }
 

@@ -8,6 +8,7 @@
 //   7. training only: augmentation             model.preprocess_observation(train=True), JAX path
 // plus the inverses needed on model outputs (unnormalize, absolute actions).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -23,6 +24,7 @@
 namespace pi0::data {
 
 class Tokenizer;
+class FastTokenizer;
 
 // ---- random numbers (reproducible across platforms and thread schedules) ----
 
@@ -96,6 +98,10 @@ struct TransformOptions {
   std::string norm = "auto";       ///< "auto" (pi0 zscore, pi05 quantile), "zscore", "quantile" or "none"
   std::vector<bool> delta_action_mask;  ///< e.g. 6×true + 1×false for LIBERO pi0; empty: absolute actions
   AugmentOptions augment;
+  /// train.ki: each sample also carries its FAST block (see ProcessedSample::fast_tokens), made by this tokenizer from
+  /// the normalized actions at the robot's own action dim; null: no FAST block.
+  std::shared_ptr<const FastTokenizer> fast_tokenizer;
+  int64_t max_fast_tokens = 0;  ///< F: the block's length (train.ki.max_fast_tokens)
 
   TransformOptions resolved() const;  ///< fills max_token_len and norm; UserError on bad values
   NormMode norm_mode() const;
@@ -111,6 +117,11 @@ struct ProcessedSample {
   torch::Tensor actions;              ///< [H,D]
   int64_t valid_rows = 0;             ///< recorded rows of the chunk (RawSample::valid_rows)
   int64_t action_dims = 0;            ///< the robot's own action dims, before padding to D
+  /// train.ki only (else undefined): openpi's pi0-FAST postfix without its "Action: " cue (pi0.5's prompt already
+  /// ends with it), pg(FAST ids of the normalized [H, action_dims] chunk) + spm("|") + EOS, right-padded with 0 or
+  /// truncated to F (TransformOptions::max_fast_tokens). [F] int64 PaliGemma ids and [F] bool.
+  torch::Tensor fast_tokens, fast_mask;
+  int64_t fast_length = 0;            ///< the block's length before padding or truncation
 };
 
 class SampleTransform {
@@ -128,15 +139,23 @@ class SampleTransform {
 
   const TransformOptions& options() const { return options_; }
   const NormStats& stats() const { return stats_; }
+  /// FAST blocks truncated to max_fast_tokens so far (train.ki), over every thread using this transform.
+  int64_t fast_truncations() const { return fast_truncations_->load(); }
 
  private:
+  /// The FAST block of the normalized actions [H, action_dims] (train.ki).
+  void add_fast_block(ProcessedSample& out, const torch::Tensor& actions) const;
+
   TransformOptions options_;
   NormStats stats_;
   std::shared_ptr<const Tokenizer> tokenizer_;
+  std::vector<int64_t> fast_end_;  ///< spm("|") + EOS, closing every FAST block (openpi's postfix)
+  // Shared by copies: the count is the pipeline's. NOTE: a pointer, since std::atomic is not copyable.
+  std::shared_ptr<std::atomic<int64_t>> fast_truncations_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
-/// Stacks samples into a Batch (images [B,3,S,S], masks [B], state [B,D], tokens [B,L], actions [B,H,D], and the
-/// chunks' recorded rows and action dims [B]).
+/// Stacks samples into a Batch (images [B,3,S,S], masks [B], state [B,D], tokens [B,L], actions [B,H,D], the
+/// chunks' recorded rows and action dims [B], and with train.ki the FAST blocks [B,F]).
 model::Batch collate(const std::vector<ProcessedSample>& samples);
 
 }  // namespace pi0::data

@@ -44,6 +44,9 @@ struct Batch {
   /// robot's own action dims (the rest are zero padding).
   torch::Tensor action_rows;
   torch::Tensor action_dims;
+  /// train.ki (knowledge insulation), else undefined: each example's FAST block, [B,F] int64 PaliGemma token ids
+  /// (pg(FAST ids) + "|" + EOS, 0 = pad) and [B,F] bool (data::ProcessedSample::fast_tokens).
+  torch::Tensor fast_tokens, fast_mask;
 };
 
 }  // namespace pi0::model

@@ -7,6 +7,7 @@
 #include "pi0/common/fs.h"
 #include "pi0/data/config_options.h"
 #include "pi0/data/split.h"
+#include "pi0/data/fast_tokenizer.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/io/checksum.h"
 
@@ -35,6 +36,32 @@ ValidationSetId validation_set_id(const config::Config& cfg, const DataPipeline&
 
 }  // namespace
 
+std::shared_ptr<const data::FastTokenizer> load_ki_fast_tokenizer(const config::Config& cfg,
+                                                                  const data::Tokenizer& spm) {
+  const auto& ki = cfg.train.ki;
+  if (!ki.enabled) return nullptr;
+  const std::string key = "train.ki.fast_tokenizer";
+  if (!pi0::posix_fs::exists(ki.fast_tokenizer)) {
+    throw UserError(key + ": folder '" + ki.fast_tokenizer + "' does not exist (expected a FAST tokenizer folder with "
+                    "processor_config.json and tokenizer.json, docs/fast.md)" + relative_path_note(ki.fast_tokenizer));
+  }
+  std::shared_ptr<const data::FastTokenizer> fast;
+  try {
+    fast = std::make_shared<const data::FastTokenizer>(ki.fast_tokenizer);
+  } catch (const UserError& e) {
+    throw UserError(key + ": " + e.what());
+  }
+  // openpi's map pg(id) = spm vocab - 1 - 128 - id puts FAST ids below the 128 <seg> tokens at the vocabulary's end.
+  const int64_t room = spm.vocab_size() - 128;
+  if (fast->vocab_size() > room) {
+    throw UserError(key + ": the FAST vocabulary has " + std::to_string(fast->vocab_size()) + " ids but data.tokenizer '" +
+                    cfg.data.tokenizer + "' (" + std::to_string(spm.vocab_size()) + " tokens) has room for " +
+                    std::to_string(std::max<int64_t>(room, 0)) + " below its 128 reserved tail tokens (openpi's map); "
+                    "use a smaller FAST tokenizer or PaliGemma's SentencePiece model");
+  }
+  return fast;
+}
+
 DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, int64_t rank, int64_t world_size,
                                 data::LoaderPosition start) {
   if (cfg.data.tokenizer.empty()) throw UserError("data.tokenizer is not set: name a sentencepiece model file");
@@ -49,6 +76,7 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
     throw UserError("data.tokenizer '" + cfg.data.tokenizer + "' has " + std::to_string(tokenizer->vocab_size()) +
                     " tokens but model.vocab_size is " + std::to_string(cfg.model.vocab_size));
   }
+  const auto fast = load_ki_fast_tokenizer(cfg, *tokenizer);
   const auto entries = config::dataset_entries(cfg);
   for (size_t i = 0; i < entries.size(); ++i) {
     // Each entry through the single-dataset path: its own options, norm stats and transform.
@@ -58,7 +86,10 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
     s.name = entries[i].asset_id;
     s.weight = entries[i].weight;
     s.dataset = std::make_shared<const data::RobotDataset>(data::dataset_options(one, key));
-    s.transform = std::make_shared<const data::SampleTransform>(data::transform_options(one),
+    auto transform = data::transform_options(one);
+    transform.fast_tokenizer = fast;
+    transform.max_fast_tokens = cfg.train.ki.max_fast_tokens;
+    s.transform = std::make_shared<const data::SampleTransform>(transform,
                                                                 data::load_config_norm_stats(one, data::norm_stats_key(cfg, i)), tokenizer);
     s.transform->check_dims(s.dataset->state_dim(), s.dataset->action_dim(), key,
                             config::delta_action_mask_key(cfg, i));

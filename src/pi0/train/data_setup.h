@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "pi0/config/config.h"
+#include "pi0/data/fast_tokenizer.h"
 #include "pi0/data/loader.h"
+#include "pi0/data/tokenizer.h"
 #include "pi0/data/norm_stats.h"
 #include "pi0/train/trainer_state.h"
 
@@ -24,6 +26,9 @@ struct DataPipeline {
   std::unique_ptr<data::DataLoader> loader;
 };
 
+/// train.ki's FAST tokenizer (null when KI is off). UserError naming train.ki.fast_tokenizer when the folder is missing or
+/// unreadable, or when its vocabulary does not fit openpi's map into `spm`'s vocabulary.
+std::shared_ptr<const data::FastTokenizer> load_ki_fast_tokenizer(const config::Config& cfg, const data::Tokenizer& spm);
 /// The whole pipeline for `rank` of `world_size`; `local_batch` samples per next(), starting at `start`.
 DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, int64_t rank, int64_t world_size,
                                 data::LoaderPosition start = {});

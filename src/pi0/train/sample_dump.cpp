@@ -12,6 +12,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/common/fs.h"
+#include "pi0/data/fast_tokenizer.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/model/observation.h"
 #include "pi0/train/data_setup.h"
@@ -66,6 +67,8 @@ int64_t dump_samples(const config::Config& cfg, int64_t n, const std::string& di
   const int64_t micro_batch = cfg.train.batch_size / cfg.train.grad_accum_steps;
   auto pipe = make_data_pipeline(cfg, micro_batch, 0, 1);
   const data::Tokenizer tokenizer(cfg.data.tokenizer);
+  const auto fast = load_ki_fast_tokenizer(cfg, tokenizer);  // train.ki: the FAST block is shown too
+  const int64_t fast_end = static_cast<int64_t>(tokenizer.encode("|").size()) + 1;  // "|" + EOS close each block
 
   const fs::path final_dir(dir);
   const fs::path tmp = final_dir.parent_path() / (final_dir.filename().string() + ".tmp-" + std::to_string(::getpid()));
@@ -134,6 +137,24 @@ int64_t dump_samples(const config::Config& cfg, int64_t n, const std::string& di
             {"token_count", static_cast<int64_t>(ids.size())},
             {"tokens_text", tokenizer.decode(ids)},
         };
+        if (fast && batch.fast_tokens.defined()) {
+          // The block's PaliGemma ids, the FAST ids they map back to (without the closing "|" and EOS, unless
+          // truncation cut them), and those decoded as openpi's pi0-FAST would: [H, robot dims], normalized units.
+          std::vector<int64_t> block, fast_ids;
+          for (int64_t i = 0; i < batch.fast_tokens.size(1); ++i)
+            if (batch.fast_mask[b][i].item<bool>()) block.push_back(batch.fast_tokens[b][i].item<int64_t>());
+          const auto n_block = static_cast<int64_t>(block.size());
+          const bool closed = n_block >= fast_end && block.back() == tokenizer.eos_id();
+          for (int64_t i = 0; i < n_block - (closed ? fast_end : 0); ++i)
+            fast_ids.push_back(data::paligemma_to_fast(block[static_cast<size_t>(i)], tokenizer.vocab_size()));
+          const int64_t h = batch.actions.size(1), d = batch.action_dims[b].item<int64_t>();
+          const auto decoded = fast->decode(fast_ids, h, d);
+          j["fast_tokens"] = block;
+          j["fast_ids"] = fast_ids;
+          j["fast_truncated"] = !closed;
+          j["fast_decodable"] = decoded.decodable;
+          j["fast_actions"] = values(torch::tensor(decoded.actions, torch::kFloat64).view({h, d}));
+        }
         std::ofstream out(sd / "sample.json");
         out << j.dump(2) << "\n";
         if (!out) throw UserError("--dump-batches: cannot write '" + (sd / "sample.json").string() + "'");
