@@ -22,12 +22,16 @@ Outputs per case: compute_loss per example [B]; the logits compute_loss takes th
 at jax.nn.log_softmax), kept only at loss-masked target positions; greedy sample_actions(max_decoding_steps=10) tokens
 and, per decoding step, the logits argmax was taken of (captured at jnp.argmax, run under jax.disable_jit so that the
 while_loop runs step by step).
+Training: 12 updates of openpi's train step (value_and_grad of the batch-mean loss; openpi's optimizer.py AdamW:
+clip_by_global_norm(1.0) + optax adamw(b1 0.9, b2 0.95, eps 1e-8, weight decay 1e-10) with its CosineDecaySchedule
+(warmup 4, peak 1e-3, decay 12, end 1e-4); EMA 0.9 after each update), each on its own batch: per-step loss, gradient
+norm, learning rate, and the weights and EMA after the 12 updates (PyTorch names).
 
 Weights are written under openpi's PyTorch names of PaliGemma (as examples/convert_jax_model_to_pytorch.py maps them,
 without the "paligemma_with_expert." prefix): paligemma.model.{vision_tower.vision_model, multi_modal_projector.linear,
 language_model}.*; the embedding is tied (no lm_head tensor).
 
-Run (from the repository root; about 2 MB; the venv of pi0_fast_reference.py plus):
+Run (from the repository root; about 6 minutes on 2 cores; writes about 4.3 MB; the venv of pi0_fast_reference.py plus):
     build/pi0fast_ref_venv/bin/pip install jax==0.5.3 jaxlib==0.5.3 flax==0.10.2 ml-dtypes==0.4.1 einops==0.8.1 \\
         jaxtyping==0.2.36 beartype==0.19.0 ml-collections==1.0.0 typing-extensions==4.13.2 optax==0.2.4 chex==0.1.90
     build/pi0fast_ref_venv/bin/python tests/data/pi0_fast_model_reference.py \\
@@ -55,6 +59,10 @@ OUT = os.path.join(HERE, "golden", "pi0_fast")
 IMAGE = 28
 MAX_LEN = 64
 STEPS = 10
+TRAIN_STEPS = 12
+LR = dict(warmup_steps=4, peak_lr=1e-3, decay_steps=12, decay_lr=1e-4)  # as the shared fixtures' training steps
+ADAMW = dict(b1=0.9, b2=0.95, eps=1e-8, weight_decay=1e-10, clip_gradient_norm=1.0)  # openpi's AdamW defaults
+EMA_DECAY = 0.9
 CAMERAS = ("base_0_rgb", "base_1_rgb", "wrist_0_rgb")
 GEMMA = dict(width=64, depth=4, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16)
 SIGLIP = dict(width=48, depth=2, mlp_dim=96, num_heads=4)
@@ -171,6 +179,63 @@ def to_pytorch(flat, depth_img, depth_llm, gemma):
     out[lm + "norm.weight"] = flat.pop("llm/final_norm/scale")
     assert not flat, sorted(flat)
     return {k: np.asarray(v, np.float32) for k, v in out.items()}
+
+
+def flat_params(state):
+    """{"img/...", "llm/...": array} of an nnx State under PaliGemma (the names to_pytorch reads)."""
+    return {"/".join(str(p) for p in path).removeprefix("PaliGemma/"): np.asarray(var.value)
+            for path, var in state.flat_state().items()}
+
+
+def train_reference(model, nnx, jax, jnp, model_mod, fast_tok, images, rng, h, d, tensors):
+    """TRAIN_STEPS updates of openpi's train step (scripts/train.py's logic: value_and_grad of the batch mean of
+    compute_loss over every parameter, then its optimizer, then the EMA), each on its own batch (state, actions and so
+    the FAST tokens change per step; images fixed, every camera on). compute_loss runs with train=False: no
+    augmentation, as in the shared fixtures' training steps."""
+    import optax
+
+    import openpi.training.optimizer as _optimizer
+
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    schedule = _optimizer.CosineDecaySchedule(**LR).create()
+    tx = _optimizer.AdamW(**ADAMW).create(schedule)
+    opt_state = tx.init(params)
+    ema = params
+    losses, norms, lrs = [], [], []
+    masks = {c: np.ones(2, bool) for c in CAMERAS}
+    for k in range(TRAIN_STEPS):
+        states = np.round(rng.uniform(-1, 1, size=(2, d)), 4)
+        actions = np.stack([tokref.smooth(rng, h, d), tokref.smooth(rng, h, d, 0.7)])
+        tok = [fast_tok.tokenize(f"task number {k}", states[i], actions[i]) for i in range(2)]
+        batch = {
+            "tokenized_prompt": np.stack([t[0] for t in tok]).astype(np.int32),
+            "tokenized_prompt_mask": np.stack([t[1] for t in tok]).astype(bool),
+            "token_ar_mask": np.stack([t[2] for t in tok]).astype(np.int32),
+            "token_loss_mask": np.stack([t[3] for t in tok]).astype(bool),
+        }
+        for key, v in batch.items():
+            tensors[f"train_steps/step{k}/{key}"] = v
+        obs = model_mod.Observation(images=images, image_masks=masks, state=states.astype(np.float32), **batch)
+
+        def loss_fn(p):
+            m = nnx.merge(graphdef, p, rest)
+            return jnp.mean(m.compute_loss(jax.random.key(k), obs, actions.astype(np.float32), train=False))
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        losses.append(float(loss))
+        norms.append(float(optax.global_norm(grads)))
+        lrs.append(float(schedule(k)))
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        ema = jax.tree.map(lambda old, new: EMA_DECAY * old + (1 - EMA_DECAY) * new, ema, params)
+    tensors["train_steps/loss"] = np.array(losses, np.float32)
+    tensors["train_steps/grad_norm"] = np.array(norms, np.float32)
+    tensors["train_steps/lr"] = np.array(lrs, np.float32)
+    for prefix, state in (("final", params), ("ema", ema)):
+        for name, value in to_pytorch(flat_params(state), SIGLIP["depth"], GEMMA["depth"], GEMMA).items():
+            tensors[f"train_steps/{prefix}/{name}"] = value
+    return {"steps": TRAIN_STEPS, "lr_schedule": LR, "optimizer": ADAMW, "ema_decay": EMA_DECAY, "loss": losses,
+            "grad_norm": norms, "lr": lrs}
 
 
 def main():
@@ -324,6 +389,8 @@ def main():
                        "min_margin": float((top2[..., 1] - top2[..., 0]).min()),
                        "output_tokens": out_tokens.astype(int).tolist()}
         print(case, cases[case], file=sys.stderr)
+    train = train_reference(model, nnx, jax, jnp, model_mod, fast_tok, images, rng, h, d, tensors)
+    print("train", train["loss"], file=sys.stderr)
     os.makedirs(OUT, exist_ok=True)
     write_safetensors(os.path.join(OUT, "model_weights.safetensors"), weights)
     write_safetensors(os.path.join(OUT, "model_cases.safetensors"), tensors)
@@ -334,7 +401,7 @@ def main():
         "versions": {"jax": jax.__version__, "flax": __import__("flax").__version__, "numpy": np.__version__},
         "gemma": {**GEMMA, "vocab_size": 793}, "siglip": {**SIGLIP, "patch_size": 14, "image_size": IMAGE},
         "cameras": list(CAMERAS), "max_token_len": MAX_LEN, "max_decoding_steps": STEPS, "h": h, "d": d,
-        "cases": cases,
+        "cases": cases, "train": train,
     }
     with open(os.path.join(OUT, "model.json"), "w") as f:
         json.dump(meta, f, indent=1)
