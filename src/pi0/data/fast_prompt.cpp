@@ -157,6 +157,7 @@ FastPromptTokenizer::FastPromptTokenizer(std::shared_ptr<const Tokenizer> spm, s
 FastTokenized FastPromptTokenizer::tokenize(const std::string& prompt, const torch::Tensor& state,
                                             const torch::Tensor& actions_HD, int64_t max_token_len) const {
   PI0_CHECK(max_token_len > 0, "max_token_len must be > 0");
+  PI0_CHECK(state.defined(), "pi0-FAST's prompt needs the state (openpi puts its bins in the prefix)");
   const std::vector<int> prefix = spm_->encode(prefix_text(clean(prompt), state), /*add_bos=*/true);
   std::vector<int64_t> ids(prefix.begin(), prefix.end());
   const auto n_prefix = static_cast<int64_t>(ids.size());

@@ -159,6 +159,22 @@ TEST_CASE("pi0fast: the loss backpropagates to every parameter that reaches a ta
   CHECK((loss.correct <= loss.targets).all().item<bool>());
 }
 
+TEST_CASE("pi0fast: an example without loss targets has loss 0 and no logits", "[fast][model]") {
+  const json meta = read_json(golden("model.json"));
+  const auto c = io::read_safetensors(golden("model_cases.safetensors"));
+  model::Pi0Fast m(golden_options(meta));
+  load_exact(*m, io::read_safetensors(golden("model_weights.safetensors")));
+  // The inference prefix (no actions): its loss mask is all false, as openpi's tokenize gives without actions.
+  const auto obs = observation(c, meta, "infer", c.at("all_cameras/image_masks"));
+  const auto loss_mask = c.at("infer/token_loss_mask").to(torch::kBool);
+  REQUIRE_FALSE(loss_mask.any().item<bool>());
+  const auto loss = m->compute_loss(obs, c.at("infer/token_ar_mask").to(torch::kBool), loss_mask, true);
+  CHECK(torch::equal(loss.loss, torch::zeros({2})));
+  CHECK(torch::equal(loss.targets, torch::zeros({2})));
+  CHECK(loss.logits.size(0) == 0);
+  CHECK(loss.logits.size(1) == meta.at("gemma").at("vocab_size").get<int64_t>());
+}
+
 TEST_CASE("pi0fast: temperature sampling is seeded and differs from greedy", "[fast][model]") {
   const json meta = read_json(golden("model.json"));
   const auto c = io::read_safetensors(golden("model_cases.safetensors"));
