@@ -233,19 +233,22 @@ PaliGemmaWithExpertImpl::Output PaliGemmaWithExpertImpl::forward(const torch::Te
     std::vector<torch::Tensor> out;
     // The last layer is never checkpointed: backward starts there, so its recomputation would coexist with the
     // same activations anyway — keeping them costs no peak memory and saves one layer's recomputation.
-    if (l < checkpointed_layers && !cache_out && l + 1 < depth) {
+    if (l < checkpointed_layers && l + 1 < depth) {
       auto params = language_model->layers[l]->parameters();
       for (const auto& p : expert->layers[l]->parameters()) params.push_back(p);
+      // The cache goes in as inputs (not captured), so that a gradient reaching it (knowledge insulation off) flows
+      // out of the recomputation; a cache_out is returned as outputs, so one that trains is differentiated too.
+      const bool keep_kv = cache_out != nullptr;
       out = nn::checkpoint(
-          [this, l, mask, rope, kc, vc](const nn::TensorList& in) {
-            auto r = layer_forward(l, in[0], in[1], mask, rope, in[2], kc, vc);
-            return nn::TensorList{r[0], r[1]};
+          [this, l, mask, rope, keep_kv](const nn::TensorList& in) {
+            auto r = layer_forward(l, in[0], in[1], mask, rope, in[2], in[3], in[4]);
+            return keep_kv ? r : nn::TensorList{r[0], r[1]};
           },
-          {x_prefix, x_suffix, cond}, params);
+          {x_prefix, x_suffix, cond, kc, vc}, params);
     } else {
       out = layer_forward(l, x_prefix, x_suffix, mask, rope, cond, kc, vc);
-      if (cache_out) cache_out->k.push_back(out[2]), cache_out->v.push_back(out[3]);
     }
+    if (cache_out) cache_out->k.push_back(out.at(2)), cache_out->v.push_back(out.at(3));
     x_prefix = out[0];
     x_suffix = out[1];
   }
@@ -377,6 +380,92 @@ torch::Tensor Pi0Impl::compute_loss(const Observation& obs, const torch::Tensor&
   return (v_t - u_t).pow(2);
 }
 
+Pi0Impl::KiLoss Pi0Impl::compute_ki_loss(const Observation& obs, const torch::Tensor& actions,
+                                         const torch::Tensor& fast_tokens, const torch::Tensor& fast_mask,
+                                         bool stop_gradient, std::optional<torch::Tensor> noise,
+                                         std::optional<torch::Tensor> time) {
+  PI0_CHECK(options_.pi05, "knowledge insulation trains pi0.5 (adaRMS expert, no state token)");
+  PI0_CHECK(actions.dim() == 3 && actions.size(1) == options_.action_horizon &&
+                actions.size(2) == options_.action_dim,
+            "actions must be [B,", options_.action_horizon, ",", options_.action_dim, "], got ", actions.sizes());
+  const int64_t b = actions.size(0);
+  PI0_CHECK(fast_tokens.dim() == 2 && fast_tokens.size(0) == b && fast_mask.sizes() == fast_tokens.sizes(),
+            "fast_tokens and fast_mask must both be [B,F] with B = ", b, ", got ", fast_tokens.sizes(), " and ",
+            fast_mask.sizes());
+  auto a = nn::upcast(actions);
+  auto eps = noise ? noise->to(a.scalar_type()) : torch::randn_like(a);
+  auto t = time ? time->to(a.scalar_type()) : sample_flow_time(b, a.options());
+  PI0_CHECK(t.dim() == 1 || (t.dim() == 2 && t.size(1) == options_.action_horizon), "time must be [B] or [B,H], got ",
+            t.sizes());
+  auto t3 = t.dim() == 1 ? t.view({b, 1, 1}) : t.unsqueeze(-1);
+  auto x_t = t3 * eps + (1.0 - t3) * a;
+  auto u_t = eps - a;
+  auto& pwe = *paligemma_with_expert;
+
+  // Pass 1: the backbone over P ∪ F. F is one causal block after P (ar = 1 on each F row), so no P row sees F and
+  // the P rows' keys/values are those of a P-only pass.
+  auto prefix = embed_prefix(obs);
+  const int64_t tp = prefix.embs.size(1), f = fast_tokens.size(1);
+  const auto dev = prefix.embs.device();
+  const auto tokens = fast_tokens.to(dev, torch::kLong);
+  const auto fmask = fast_mask.to(dev, torch::kBool);
+  auto embs = prefix.embs, pad = prefix.pad_mask, ar = prefix.ar_mask;
+  if (f > 0) {
+    embs = torch::cat({embs, pwe.language_model->embed(tokens).to(compute_dtype_)}, 1);
+    pad = torch::cat({pad, fmask}, 1);
+    ar = torch::cat({ar, torch::ones({f}, ar.options())}, 0);
+  }
+  KVCache cache;
+  const auto backbone = pwe.forward(embs, torch::Tensor(), attention_mask_for(nn::make_attn_mask(pad, ar), embs),
+                                    nn::positions_from_mask(pad), torch::Tensor(), nullptr, &cache,
+                                    checkpointed_.language);
+  // Pass 2: the expert reads P's keys/values only — a stop-gradient copy under insulation, so the flow-matching loss
+  // cannot reach the backbone — with the mask and positions of sampling.
+  KVCache p_cache;
+  for (size_t l = 0; l < cache.k.size(); ++l) {
+    auto k = cache.k[l].narrow(1, 0, tp), v = cache.v[l].narrow(1, 0, tp);
+    p_cache.k.push_back(stop_gradient ? k.detach() : k);
+    p_cache.v.push_back(stop_gradient ? v.detach() : v);
+  }
+  cache = KVCache{};
+  const auto v_t = velocity_cached(p_cache, prefix.pad_mask, obs.state, x_t, t, checkpointed_.language);
+  KiLoss out;
+  out.flow = (v_t - u_t).pow(2);
+
+  // Cross-entropy on the FAST targets: F_0 is predicted by P's last valid row (the prompt is right-padded before F),
+  // F_j by F_{j−1}'s row.
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+  out.ce = torch::zeros({b}, f32);
+  out.targets = fmask.sum(1).to(torch::kFloat32);
+  out.correct = torch::zeros({b}, f32);
+  if (f == 0) return out;
+  const auto idx = torch::TensorOptions().dtype(torch::kLong).device(dev);
+  const auto last_p = (torch::arange(tp, idx).unsqueeze(0) * prefix.pad_mask.to(torch::kLong)).argmax(1);  // [B]
+  const auto pred_rows = torch::cat({last_p.unsqueeze(1), torch::arange(tp, tp + f - 1, idx).unsqueeze(0).expand({b, f - 1})}, 1);
+  const auto where = fmask.nonzero();  // [N,2] (example, F index), the valid targets
+  const auto ex = where.select(1, 0), col = where.select(1, 1);
+  const int64_t n = where.size(0);
+  if (n == 0) return out;
+  const auto h = backbone.prefix.index({ex, pred_rows.index({ex, col})});  // [N,Wp]
+  const auto target = tokens.index({ex, col});                            // [N]
+  const auto& table = pwe.language_model->embed_tokens->weight;          // [V,Wp], tied (openpi's decode)
+  // In the table's dtype (float32 masters: float32 logits; an all-bf16 model: bf16 products, not a float32 copy of
+  // the table), then the log-softmax in float32.
+  const auto table_t = table.t();
+  std::vector<torch::Tensor> nll, hit;
+  for (int64_t r = 0; r < n; r += ki_logit_chunk_) {
+    const int64_t m = std::min(ki_logit_chunk_, n - r);
+    const auto logits = nn::upcast(torch::matmul(h.narrow(0, r, m).to(table.scalar_type()), table_t));  // [m,V]
+    const auto tgt = target.narrow(0, r, m);
+    nll.push_back(torch::logsumexp(logits, -1) - logits.gather(1, tgt.unsqueeze(1)).squeeze(1));
+    hit.push_back((logits.detach().argmax(-1) == tgt).to(torch::kFloat32));
+  }
+  const auto per_target = nll.size() == 1 ? nll[0] : torch::cat(nll);
+  out.ce = out.ce.index_add(0, ex, per_target) / out.targets.clamp_min(1.0);
+  out.correct = out.correct.index_add(0, ex, hit.size() == 1 ? hit[0] : torch::cat(hit));
+  return out;
+}
+
 double SampleTiming::total_ms() const {
   double t = prefix_ms;
   for (double s : step_ms) t += s;
@@ -427,14 +516,15 @@ struct Pi0Impl::GraphCache {
 Pi0Impl::~Pi0Impl() = default;
 
 torch::Tensor Pi0Impl::velocity_cached(const KVCache& cache, const torch::Tensor& prefix_pad_mask,
-                                       const torch::Tensor& state, const torch::Tensor& x, const torch::Tensor& time) {
+                                       const torch::Tensor& state, const torch::Tensor& x, const torch::Tensor& time,
+                                       int64_t checkpointed_layers) {
   const int64_t h = options_.action_horizon;
   auto suffix = embed_suffix(state, x, time);
   const int64_t ts = suffix.embs.size(1);
   const auto mask = nn::make_cached_attn_mask(prefix_pad_mask, suffix.pad_mask, suffix.ar_mask);
   auto out = paligemma_with_expert->forward(torch::Tensor(), suffix.embs, attention_mask_for(mask, suffix.embs),
                                             nn::positions_after(prefix_pad_mask, suffix.pad_mask), suffix.cond,
-                                            &cache, nullptr, 0);
+                                            &cache, nullptr, checkpointed_layers);
   return action_out_proj->forward(nn::upcast(out.suffix.narrow(1, ts - h, h)));
 }
 

@@ -64,7 +64,8 @@ class PaliGemmaWithExpertImpl : public torch::nn::Module {
   /// T = Tp+Ts queries and S = (cached keys) + T keys; positions [B,T]; cond [B,We] for adaRMS (pi0.5).
   /// With `cache_out`, per-layer post-RoPE keys/values of this pass are stored; with `cache_in`, they are
   /// prepended to this pass's keys (suffix-only denoise steps). `checkpointed_layers`: the first this many layers
-  /// are recomputed in backward (never the last one, nor with `cache_out`).
+  /// are recomputed in backward (never the last one); with `cache_out` the recomputation also
+  /// yields the cached keys/values, so a cache that trains gets its gradient.
   Output forward(const torch::Tensor& prefix, const torch::Tensor& suffix, const torch::Tensor& mask,
                  const torch::Tensor& positions, const torch::Tensor& cond, const KVCache* cache_in,
                  KVCache* cache_out, int64_t checkpointed_layers);
@@ -121,6 +122,28 @@ class Pi0Impl : public torch::nn::Module {
   torch::Tensor compute_loss(const Observation& obs, const torch::Tensor& actions,
                              std::optional<torch::Tensor> noise = std::nullopt,
                              std::optional<torch::Tensor> time = std::nullopt);
+  /// Knowledge insulation (pi0.5 paper; docs/ki.md): one training forward over [images; prompt; FAST block] for the
+  /// backbone and the action expert's suffix over the images and prompt only.
+  ///   pass 1: the backbone over P ∪ F (F rows ar = 1: causal among themselves, after all of P; positions
+  ///           cumsum(pad) − 1 over P ∪ F), keeping each layer's post-RoPE keys/values of the P rows;
+  ///   pass 2: the action expert over the suffix against those keys/values — detached when `stop_gradient` — with
+  ///           the positions and mask of sampling (n_valid(P) + arange(H)), so sample_actions is unchanged.
+  /// The cross-entropy predicts each valid F token from the row before it (the first from P's last valid row) with
+  /// the tied embedding's logits, computed only there, in float32, in chunks of rows. `fast_tokens` [B,F] int64
+  /// PaliGemma ids and `fast_mask` [B,F] bool (F may be 0); noise and time as compute_loss.
+  struct KiLoss {
+    torch::Tensor flow;     ///< [B,H,A] per-element flow-matching loss, unreduced (as compute_loss)
+    torch::Tensor ce;       ///< [B] float32: the mean over the example's valid FAST targets of −log p (0 without any)
+    torch::Tensor targets;  ///< [B] float32: valid FAST targets per example
+    torch::Tensor correct;  ///< [B] float32: targets that are the logits' argmax (no gradient)
+  };
+  KiLoss compute_ki_loss(const Observation& obs, const torch::Tensor& actions, const torch::Tensor& fast_tokens,
+                         const torch::Tensor& fast_mask, bool stop_gradient = true,
+                         std::optional<torch::Tensor> noise = std::nullopt,
+                         std::optional<torch::Tensor> time = std::nullopt);
+  /// Rows of the FAST logits computed at once (each chunk is [rows, vocab] float32); tests shrink it.
+  void set_ki_logit_chunk(int64_t rows) { ki_logit_chunk_ = rows; }
+
   /// Euler integration from t=1 (noise) to t=0 with dt = −1/num_steps. use_kv_cache=false recomputes the
   /// prefix at every step (reference check and benchmark baseline). Returns [B,H,A] float32. `timing`, when
   /// given, receives the prefix-pass and per-step times (the result is the same with or without it). `rtc`, when
@@ -188,8 +211,9 @@ class Pi0Impl : public torch::nn::Module {
  private:
   Pi0Options options_;
   // v(x, t) of one suffix pass against a fixed prefix cache (t [B] or [B,H]).
+  // `checkpointed_layers`: recomputed in backward (training through a cache: knowledge insulation).
   torch::Tensor velocity_cached(const KVCache& cache, const torch::Tensor& prefix_pad_mask, const torch::Tensor& state,
-                                const torch::Tensor& x, const torch::Tensor& time);
+                                const torch::Tensor& x, const torch::Tensor& time, int64_t checkpointed_layers = 0);
   // embed_prefix and the prefix pass: the per-layer KV cache and the prefix's padding mask.
   struct Prefilled {
     KVCache cache;
@@ -211,6 +235,7 @@ class Pi0Impl : public torch::nn::Module {
   torch::Tensor attention_mask_for(const torch::Tensor& mask, const torch::Tensor& like) const;
 
   torch::ScalarType compute_dtype_ = torch::kFloat32;
+  int64_t ki_logit_chunk_ = 256;
   CheckpointedLayers checkpointed_;  // none by default
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   bool cuda_graph_ = false;

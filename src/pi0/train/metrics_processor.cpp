@@ -83,6 +83,19 @@ std::map<std::string, double> MetricsProcessor::close(Interval& iv, double lr, d
     record["offload_update_s"] = iv.offload_update / n;
     record["offload_wait_s"] = iv.offload_wait / n;
   }
+  if (iv.ki_steps > 0) {
+    // Every rank runs KI or none does (one config), so this collective is taken by all or by none.
+    auto sums = torch::tensor({iv.ki_ce, iv.ki_flow, iv.ki_correct, iv.ki_targets}, torch::kFloat64);
+    double ranks = 1;
+    if (pg_) {
+      pg_->all_reduce_sum(sums, "knowledge-insulation metrics");
+      ranks = static_cast<double>(world_size_);
+    }
+    const double n = static_cast<double>(iv.ki_steps) * ranks;
+    record["ce_fast"] = sums[0].item<double>() / n;
+    record["flow_loss"] = sums[1].item<double>() / n;
+    record["fast_acc"] = sums[2].item<double>() / std::max(sums[3].item<double>(), 1.0);
+  }
   if (comm_) {
     // Per step: the gradient all-reduce span (first bucket launched → last done) and the part of it backward
     // did not hide (time in wait()).
@@ -99,6 +112,13 @@ void MetricsProcessor::add_offload_times(double host_grad_s, double host_update_
   for (Interval* iv : {&log_, &record_}) {
     iv->offload_grad += host_grad_s, iv->offload_update += host_update_s, iv->offload_wait += forward_wait_s;
     ++iv->offload_steps;
+  }
+}
+
+void MetricsProcessor::add_ki(double ce, double flow, double correct, double targets) {
+  for (Interval* iv : {&log_, &record_}) {
+    iv->ki_ce += ce, iv->ki_flow += flow, iv->ki_correct += correct, iv->ki_targets += targets;
+    ++iv->ki_steps;
   }
 }
 
@@ -126,8 +146,12 @@ void MetricsProcessor::log(int64_t step, double loss, double grad_norm, double l
   if (line.count("offload_grad_s"))
     std::snprintf(host, sizeof host, " | host: grads %.2f s, update %.2f s, forward waited %.2f s",
                   line.at("offload_grad_s"), line.at("offload_update_s"), line.at("offload_wait_s"));
-  spdlog::info("step {}/{} | loss {:.4f}{} | grad_norm {:.3f} | lr {:.2e} | {}{} | ETA {}", step, num_steps_,
-               line.at("loss"), val, grad_norm, lr, speed, host,
+  char ki[80] = "";
+  if (line.count("ce_fast"))
+    std::snprintf(ki, sizeof ki, " (ce_fast %.4f, flow %.4f, fast_acc %.3f)", line.at("ce_fast"), line.at("flow_loss"),
+                  line.at("fast_acc"));
+  spdlog::info("step {}/{} | loss {:.4f}{}{} | grad_norm {:.3f} | lr {:.2e} | {}{} | ETA {}", step, num_steps_,
+               line.at("loss"), ki, val, grad_norm, lr, speed, host,
                format_duration(step_time * static_cast<double>(num_steps_ - step)));
 }
 

@@ -56,6 +56,11 @@ class MetricsProcessor {
   /// progress line, so a run shows whether the host or the device bounds it.
   void add_offload_times(double host_grad_s, double host_update_s, double forward_wait_s);
 
+  /// train.ki: the parts of the step about to be log()ged (StepResult::Ki). The record gets their interval means over
+  /// the ranks: ce_fast, flow_loss, and fast_acc (FAST targets predicted by the argmax / all FAST targets); the
+  /// progress line shows them too.
+  void add_ki(double ce, double flow, double correct, double targets);
+
   /// A validation pass at `step` (values already reduced over ranks): rank 0 writes {"step", "val_loss",
   /// "val_action_mse"} to metrics.jsonl and a line to the log; later progress lines show the latest val_loss. With
   /// more than one dataset, each one's values too: "val_loss/<asset id>" and "val_action_mse/<asset id>" in the same
@@ -80,6 +85,8 @@ class MetricsProcessor {
     int64_t steps = 0;
     double offload_grad = 0, offload_update = 0, offload_wait = 0;  // summed over offload_steps
     int64_t offload_steps = 0;
+    double ki_ce = 0, ki_flow = 0, ki_correct = 0, ki_targets = 0;  // summed over ki_steps
+    int64_t ki_steps = 0;
     distributed::GradReducerStats comm_start;
   };
   /// The interval's record (mean loss over ranks, speed, communication); starts the next interval. Collective.

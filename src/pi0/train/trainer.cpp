@@ -327,6 +327,7 @@ int64_t Trainer::run() {
         metrics_->add_offload_times(host.host_grad, host.host_update, host.forward_wait);
       }
       ProfileScope metrics(phase::kMetrics);
+      if (result.ki) metrics_->add_ki(result.ki->ce, result.ki->flow, result.ki->correct, result.ki->targets);
       metrics_->log(step_, result.loss, result.grad_norm, lr);
     }
     const bool save = step_ % ck.save_interval == 0 || (step_ == t.num_steps && options_.final_checkpoint) || result.stop;
@@ -472,6 +473,8 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   // The micro-batches' losses are summed on the device, in float64 (what the host sum of their float32 values was),
   // and read once after the loop: reading each one would stall the GPU stream once per micro-batch.
   torch::Tensor loss_sum;
+  // train.ki: [ce, flow, correct, targets] summed over the micro-batches, read with the loss.
+  torch::Tensor ki_sum;
   for (int64_t micro = 0; micro < n_micro; ++micro) {
     if (offload_) {
       ProfileScope offload(phase::kOffload);
@@ -508,9 +511,15 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
                                                    t.rtc_delay_exp_rate, torch::TensorOptions(), rng_,
                                                    options_.rank * b, b)
                               .to(device_);
-      const auto per_token = model::rtc_token_time(time, delays, h);
+      time = model::rtc_token_time(time, delays, h);
       kept = model::rtc_loss_mask(delays, h, f32.device(device_)).unsqueeze(-1);
-      elementwise = model_->compute_loss(obs, actions, noise, per_token);
+    }
+    std::optional<model::Pi0Impl::KiLoss> ki;
+    if (t.ki.enabled) {
+      PI0_CHECK(batch.fast_tokens.defined(), "train.ki is on but the batch has no FAST block");
+      ki = model_->compute_ki_loss(obs, actions, batch.fast_tokens.to(device_, async), batch.fast_mask.to(device_, async),
+                                   /*stop_gradient=*/true, noise, time);
+      elementwise = ki->flow;
     } else {
       elementwise = model_->compute_loss(obs, actions, noise, time);
     }
@@ -519,7 +528,14 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
                                              lm.episode_end, lm.action_padding, f32.device(device_));
       kept = kept.defined() ? kept * m : m;
     }
-    const torch::Tensor loss = kept.defined() ? model::masked_mean(elementwise, kept) : elementwise.mean();
+    torch::Tensor loss = kept.defined() ? model::masked_mean(elementwise, kept) : elementwise.mean();
+    if (ki) {
+      const auto ce = ki->ce.mean();
+      const auto parts = torch::stack({ce.detach(), loss.detach(), ki->correct.sum(), ki->targets.sum()})
+                             .to(torch::kFloat64);
+      ki_sum = micro == 0 ? parts : ki_sum + parts;
+      loss = t.ki.ce_weight * ce + t.ki.flow_weight * loss;
+    }
     forward.end();
     ProfileScope backward(phase::kBackward);
     (loss / static_cast<double>(n_micro)).backward();
@@ -545,9 +561,15 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
     // The step's one wait for the GPU: the loss and the gradients' sum of squares, read together.
     // Offloaded (one process): the per-tensor sums were made on the host as the gradients arrived.
     const auto sum_sq = offload_grads ? offload_->gradient_sum_of_squares() : gradient_sum_of_squares(grads);
-    const auto host = torch::stack({loss_sum, sum_sq.defined() ? sum_sq.to(loss_sum.device())
-                                                               : torch::zeros_like(loss_sum)}).cpu();
+    auto read = torch::stack({loss_sum, sum_sq.defined() ? sum_sq.to(loss_sum.device()) : torch::zeros_like(loss_sum)});
+    if (ki_sum.defined()) read = torch::cat({read, ki_sum});
+    const auto host = read.cpu();
     result.loss = host[0].item<double>() / static_cast<double>(n_micro);
+    if (ki_sum.defined()) {
+      result.ki = StepResult::Ki{host[2].item<double>() / static_cast<double>(n_micro),
+                                 host[3].item<double>() / static_cast<double>(n_micro), host[4].item<double>(),
+                                 host[5].item<double>()};
+    }
     double total = host[1].item<double>();
     if (const auto sum_over_ranks = grad_sync_->norm_sum_over_ranks()) total = sum_over_ranks(total);
     result.grad_norm = std::sqrt(total);

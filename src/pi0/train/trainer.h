@@ -70,10 +70,19 @@ struct ValidationResult {
 
 /// What one optimizer step did.
 struct StepResult {
-  double loss = 0.0;       ///< mean flow-matching loss over the micro-batches (this rank), before the update
+  double loss = 0.0;       ///< mean loss over the micro-batches (this rank), before the update: flow matching, or
+                           ///< with train.ki the weighted sum of the FAST cross-entropy and flow matching
   double grad_norm = 0.0;  ///< global gradient norm before clipping
   bool skipped = false;    ///< non-finite loss or gradient norm: no update (allowed by train.max_nonfinite_skips)
   bool stop = false;       ///< a stop signal reached some rank (checked alongside the loss, in one collective)
+  /// train.ki: the step's parts, means over the micro-batches (this rank): loss = ce_weight·ce + flow_weight·flow.
+  struct Ki {
+    double ce = 0.0;        ///< FAST cross-entropy (per-example mean over valid targets, batch mean)
+    double flow = 0.0;      ///< flow-matching loss (reduced as without KI: mean, or train.loss_mask's masked mean)
+    double correct = 0.0;   ///< FAST targets predicted by the argmax (sum over the micro-batches)
+    double targets = 0.0;   ///< FAST targets (sum)
+  };
+  std::optional<Ki> ki;
 };
 
 class Trainer {
