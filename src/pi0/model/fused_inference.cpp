@@ -7,6 +7,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/nn/attention_mask.h"
+#include "pi0/nn/fused_kernels.h"
 #include "pi0/nn/matmul.h"
 
 // at::rms_norm (LibTorch >= 2.4; on CUDA one fused kernel from 2.8): float32 inside for bf16 input, one rounding.
@@ -115,21 +116,30 @@ torch::Tensor add_linear(const torch::Tensor& x, const torch::Tensor& a, const t
 // values go into rows [row0, row0+T) of `kv_buf` [B,S,2K,D] (keys then values in each row), its queries attend
 // rows [0, row0+T). With `kv_only` nothing after the keys and values is computed (a pass's last layer whose output no one
 // reads). `time`: the adaptive norms' modulation (pi0.5's action expert), index 2l and 2l+1.
-// Kernels per layer on a GPU without autograd (kv = 1, plain norms): norm, QKV GEMM, RoPE's product and roll, its
-// two writes (q in the grouped layout, k and v into the buffer), logits GEMM, masked softmax, PV GEMM, O GEMM with
-// the residual, norm, gate/up GEMM, gelu, product, down GEMM with the residual: 15.
+// Kernels per layer on a GPU without autograd (kv = 1, plain norms): norm, QKV GEMM, RoPE into q's grouped layout
+// and the K/V buffer (nn::rope_scatter), logits GEMM, masked softmax, PV GEMM, O GEMM with the residual, norm,
+// gate/up GEMM, GeGLU (nn::geglu), down GEMM with the residual: 11 (15 with ATen's composite where nvcc was not found).
 torch::Tensor layer_forward(const FusedLayer& f, const GemmaOptions& o, torch::Tensor x, const FusedPass& p,
                             const torch::Tensor& kv_buf, const TimeBranch* time, size_t l, bool kv_only) {
   const int64_t b = x.size(0), t = x.size(1), n = o.num_heads, kv = o.num_kv_heads, d = o.head_dim, g = n / kv;
   const bool grad = torch::GradMode::is_enabled();
+  // Our kernels are not differentiable: guided real-time chunking (autograd on) keeps ATen's composite.
+  const bool own_kernels = !grad && nn::fused_kernels_available(x.device());
   const auto h = time ? ada_norm(x, f.eps_in, time->scale1[2 * l], time->shift[2 * l]) : rms_unscaled(x, f.eps_in);
   const auto qkv = nn::linear(h, f.qkv).view({b, t, n + 2 * kv, d});  // q (scaled), k, v heads
-  const auto factors = nn::rope_factors(qkv, p.rope);
   // q straight into the grouped layout [B,K,T,G,D] (t-major rows within each kv head), k and v into their rows.
   auto q = torch::empty({b, kv, t, g, d}, x.options());
-  const auto q_rot = nn::rope_heads(factors, 0, n, q.permute({0, 2, 1, 3, 4}));
-  if (grad) q = q_rot.view({b, t, kv, g, d}).permute({0, 2, 1, 3, 4});
-  const auto kv_new = nn::rope_heads(factors, n, 2 * kv, kv_buf.narrow(1, p.row0, t));
+  torch::Tensor kv_new;
+  if (own_kernels) {
+    // One kernel of ours for the composite's four (product, roll, two writes); no q for a pass's last layer.
+    kv_new = kv_buf.narrow(1, p.row0, t);
+    nn::rope_scatter(qkv, p.rope_half, n, kv_only ? torch::Tensor() : q, kv_new);
+  } else {
+    const auto factors = nn::rope_factors(qkv, p.rope);
+    const auto q_rot = nn::rope_heads(factors, 0, n, q.permute({0, 2, 1, 3, 4}));
+    if (grad) q = q_rot.view({b, t, kv, g, d}).permute({0, 2, 1, 3, 4});
+    kv_new = nn::rope_heads(factors, n, 2 * kv, kv_buf.narrow(1, p.row0, t));
+  }
   if (kv_only) return {};
   // Under autograd the new rows are concatenated instead (a buffer written in place would carry this step's graph
   // into the next).
@@ -148,7 +158,11 @@ torch::Tensor layer_forward(const FusedLayer& f, const GemmaOptions& o, torch::T
                        : rms_unscaled(x1, f.eps_post);
   const auto gu = nn::linear(h2, f.gate_up);  // [B,T,2F]
   const int64_t mlp = f.down.size(1);
-  const auto act = nn::gelu_tanh(gu.narrow(-1, 0, mlp)) * gu.narrow(-1, mlp, mlp);
+  // GeGLU in one kernel on the GPU. The CPU keeps ATen's two operations: their tanh is vectorized, our loop's is
+  // not (pi0 configs/bench_cpu.yaml, 3 cameras, float32: 679 ms per call in nn::geglu against 117 ms + a product,
+  // bench_infer --profile).
+  const auto act = own_kernels && !x.is_cpu() ? nn::geglu(gu)
+                                              : nn::gelu_tanh(gu.narrow(-1, 0, mlp)) * gu.narrow(-1, mlp, mlp);
   return time ? torch::addcmul(x1, nn::linear(act, f.down), time->gate[2 * l + 1]) : add_linear(x1, act, f.down);
 }
 
@@ -245,9 +259,8 @@ FusedPass make_pass(Pi0Impl& m, const GemmaOptions& o, const torch::Tensor& mask
   } else {
     p.mask = mask_for(m, rows, m.compute_dtype());
   }
-  p.rope = nn::rotary_tables(
-      nn::rope_tables(positions.narrow(1, r0, t_rows), o.head_dim, accumulation(m.compute_dtype())),
-      o.num_heads + o.num_kv_heads, o.num_kv_heads);
+  p.rope_half = nn::rope_tables(positions.narrow(1, r0, t_rows), o.head_dim, accumulation(m.compute_dtype()));
+  p.rope = nn::rotary_tables(p.rope_half, o.num_heads + o.num_kv_heads, o.num_kv_heads);
   return p;
 }
 

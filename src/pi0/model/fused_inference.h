@@ -77,7 +77,8 @@ const std::vector<TimeBranch>& schedule_branches(Pi0Impl& m, FusedWeights& f, in
 /// What one pass through a stack of layers shares, made once per call: where its keys and values go in the
 /// per-layer K/V buffers (KVCache::kv), its RoPE tables and its mask.
 struct FusedPass {
-  nn::RotaryTables rope;  ///< [B,T,N+2K,D]: q and k heads rotated, v heads passed through
+  nn::RotaryTables rope;  ///< [B,T,N+2K,D]: q and k heads rotated, v heads passed through (the ATen composite)
+  nn::RopeTables rope_half;  ///< [B,T,1,D/2]: the same angles for nn::rope_scatter (our kernel)
   torch::Tensor masked;   ///< [B·K, T·G, S] bool, true = not attended (grouped_mask): grouped_attention
   torch::Tensor mask;     ///< when `masked` is undefined: [B,T,S] bool or SDPA's additive bias for joint_attention
   int64_t row0 = 0;       ///< first buffer row this pass's T tokens write; they attend rows [0, row0 + T)

@@ -163,9 +163,12 @@ TEST_CASE("rtc: inactive requests sample exactly as plain sampling", "[unit][mod
                           request(RtcMode::kTrained, c.prev, 0), request(RtcMode::kGuided, c.prev, 0, 0)}) {
       CHECK(torch::equal(c.sample(5, &r), plain));
     }
+    // The exact Jacobian differentiates the velocity: under autograd the layers take ATen's RoPE composite, whose
+    // sums ATen's CPU and CUDA kernels contract into FMAs, where plain sampling runs nn::rope_scatter (two roundings):
+    // the same values to a float32 ulp per rotation, not the same bits.
     auto exact = request(RtcMode::kGuided, c.prev, 0, 0);
     exact.guidance.jacobian = RtcJacobian::kExact;
-    CHECK(torch::equal(c.sample(5, &exact), plain));
+    CHECK(testing::max_rel_error(c.sample(5, &exact), plain) < 1e-6);
   }
 }
 
