@@ -396,3 +396,19 @@ TEST_CASE("pi0-plot draws a mixture's per-dataset validation lines beside the ag
   CHECK(count_color(chosen, first) == 0);
   CHECK(count_color(chosen, second) == 0);
 }
+
+TEST_CASE("pi0-plot draws a knowledge-insulation run's loss parts, each in a panel", "[unit][train][ki]") {
+  // What a train.ki run writes (MetricsProcessor::add_ki): ce_fast, flow_loss and fast_acc beside the loss.
+  testing::TempDir dir("pi0plot");
+  const std::string metrics = dir.str("metrics.jsonl");
+  {
+    MetricsWriter w(metrics);
+    for (int64_t s = 1; s <= 100; ++s) {
+      w.write(s, {{"loss", 11.0 / s}, {"ce_fast", 1.0 / s}, {"flow_loss", 1.0 / s}, {"fast_acc", 0.01 * s},
+                  {"lr", 1e-4}});
+    }
+  }
+  uint32_t w = 0, h = 0;
+  CHECK(count_panels(run_pi0_plot(dir, metrics, "--width 600 --height 900", w, h), w) == 5);
+  CHECK(count_panels(run_pi0_plot(dir, metrics, "--width 600 --height 900 --keys loss,lr", w, h), w) == 2);
+}
