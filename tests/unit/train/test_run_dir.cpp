@@ -409,6 +409,8 @@ TEST_CASE("pi0-plot draws a knowledge-insulation run's loss parts, each in a pan
     }
   }
   uint32_t w = 0, h = 0;
-  CHECK(count_panels(run_pi0_plot(dir, metrics, "--width 600 --height 900", w, h), w) == 5);
-  CHECK(count_panels(run_pi0_plot(dir, metrics, "--width 600 --height 900 --keys loss,lr", w, h), w) == 2);
+  const auto rgb = run_pi0_plot(dir, metrics, "--width 600 --height 900", w, h);
+  CHECK(count_panels(rgb, w) == 5);  // loss, ce_fast, flow_loss, fast_acc, lr
+  const auto chosen = run_pi0_plot(dir, metrics, "--width 600 --height 900 --keys loss,lr", w, h);
+  CHECK(count_panels(chosen, w) == 2);
 }
