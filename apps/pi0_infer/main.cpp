@@ -39,6 +39,7 @@ struct Args {
   pi0::infer::RtcSettings rtc;
   int64_t num_steps = 10;
   bool loss = false;
+  bool simulate_fp8 = false;
   // Real-time chunking from the shell: the previous answer as a file instead of keys in the observation file.
   std::string prev_actions;
   std::optional<int64_t> prev_executed, inference_delay;
@@ -88,6 +89,10 @@ int infer_main(int argc, char** argv) {
                   "which dataset's norm stats and robot settings to apply, by asset id (a model trained on a mixture "
                   "holds one per dataset; default: the bundle's first, its config.json asset_id)")
       ->check(pi0::app::non_empty());
+  cli->add_flag("--simulate-fp8", args.simulate_fp8,
+                "simulate FP8 (E4M3, per-channel weight and per-token activation scales) in the prefix's Gemma GEMMs, "
+                "in float32 on any device: compare the actions with a run without it to see what an FP8 path would "
+                "cost your model (docs/serving.md, FP8)");
   pi0::app::add_rtc_options(*cli, args.rtc);
   cli->add_option("--prev-actions", args.prev_actions,
                   "real-time chunking: a previous pi0-infer --out; its actions_unnormalized rows from --prev-executed "
@@ -190,6 +195,10 @@ int infer_main(int argc, char** argv) {
     rtc = pi0::infer::rtc_request(bundle, args.rtc, chunk, inputs.raw_state, source);
   }
   bundle.model->set_cuda_graph(args.cuda_graph == "on" && device.is_cuda());
+  if (args.simulate_fp8) {
+    bundle.model->set_fp8_simulation(true);
+    spdlog::info("FP8 simulated in the prefix's Gemma GEMMs (E4M3 values in float32; not faster, a measure of its error)");
+  }
   pi0::model::SampleTiming timing;
   const auto predicted = pi0::infer::predict(bundle, inputs, noise, args.num_steps, &timing, &rtc);
   const auto& actions = predicted.actions;

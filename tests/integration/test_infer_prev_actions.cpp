@@ -68,3 +68,29 @@ TEST_CASE("pi0-infer --prev-actions with --prev-executed and --inference-delay i
                                 "prev_action_chunk or inference_delay"));
   CHECK_FALSE(std::filesystem::exists(run.dir.str("x.st")));
 }
+
+TEST_CASE("pi0-infer --simulate-fp8 moves the actions by FP8's rounding and says so", "[integration][infer][fp8]") {
+  if (!testing::apps_built({"pi0-export", "pi0-infer"})) return;
+  testing::TinyRun run;
+  train::Trainer(run.config("run", {"train.num_steps=1", "checkpoint.save_interval=1"})).run();
+  auto app = [&](const char* name, const std::string& args) { return testing::run_app_process(name, args, run.dir); };
+  REQUIRE(app("pi0-export", "--checkpoint " + run.dir.str("run") + " --out " + run.dir.str("bundle") +
+                                " --dtype float32").code == 0);
+  torch::manual_seed(6);
+  io::save_safetensors(run.dir.str("obs.safetensors"),
+                       {{"image/base_0_rgb", torch::randint(0, 256, {1, 32, 32, 3}).to(torch::kUInt8)},
+                        {"state", torch::randn({1, 8})}});
+  io::save_safetensors(run.dir.str("noise.safetensors"), {{"noise", torch::randn({1, 8, 8})}});
+  const std::string common = "--bundle " + run.dir.str("bundle") + " --prompt 'reach' --num-steps 3 --noise " +
+                             run.dir.str("noise.safetensors") + " --obs " + run.dir.str("obs.safetensors");
+  REQUIRE(app("pi0-infer", common + " --out " + run.dir.str("a.st")).code == 0);
+  const auto fp8 = app("pi0-infer", common + " --out " + run.dir.str("b.st") + " --simulate-fp8");
+  INFO(fp8.out << fp8.err);
+  REQUIRE(fp8.code == 0);
+  CHECK_THAT(fp8.out, Contains("FP8 simulated in the prefix's Gemma GEMMs"));
+  const auto a = io::SafetensorsFile(run.dir.str("a.st")).get_copy("actions_unnormalized");
+  const auto b = io::SafetensorsFile(run.dir.str("b.st")).get_copy("actions_unnormalized");
+  CHECK(torch::isfinite(b).all().item<bool>());
+  CHECK_FALSE(torch::equal(a, b));
+}
+

@@ -7,6 +7,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/nn/attention_mask.h"
+#include "pi0/nn/fp8.h"
 #include "pi0/nn/fused_kernels.h"
 #include "pi0/nn/matmul.h"
 
@@ -125,8 +126,10 @@ torch::Tensor layer_forward(const FusedLayer& f, const GemmaOptions& o, torch::T
   const bool grad = torch::GradMode::is_enabled();
   // Our kernels are not differentiable: guided real-time chunking (autograd on) keeps ATen's composite.
   const bool own_kernels = !grad && nn::fused_kernels_available(x.device());
+  // FP8 simulation (Pi0Impl::set_fp8_simulation): each GEMM's input quantized per token, as a scaled GEMM takes it.
+  const auto in8 = [&](const torch::Tensor& a) { return f.fp8 ? nn::fake_quantize_e4m3_rows(a) : a; };
   const auto h = time ? ada_norm(x, f.eps_in, time->scale1[2 * l], time->shift[2 * l]) : rms_unscaled(x, f.eps_in);
-  const auto qkv = nn::linear(h, f.qkv).view({b, t, n + 2 * kv, d});  // q (scaled), k, v heads
+  const auto qkv = nn::linear(in8(h), f.qkv).view({b, t, n + 2 * kv, d});  // q (scaled), k, v heads
   // q straight into the grouped layout [B,K,T,G,D] (t-major rows within each kv head), k and v into their rows.
   auto q = torch::empty({b, kv, t, g, d}, x.options());
   torch::Tensor kv_new;
@@ -153,17 +156,17 @@ torch::Tensor layer_forward(const FusedLayer& f, const GemmaOptions& o, torch::T
     attn = joint_attention(q_btnd, k, v, p.mask);
   }
   // Gated residuals as one addcmul (x + out·gate, rounded once) instead of a product and a sum.
-  auto x1 = time ? torch::addcmul(x, nn::linear(attn, f.o), time->gate[2 * l]) : add_linear(x, attn, f.o);
+  auto x1 = time ? torch::addcmul(x, nn::linear(attn, f.o), time->gate[2 * l]) : add_linear(x, in8(attn), f.o);
   const auto h2 = time ? ada_norm(x1, f.eps_post, time->scale1[2 * l + 1], time->shift[2 * l + 1])
                        : rms_unscaled(x1, f.eps_post);
-  const auto gu = nn::linear(h2, f.gate_up);  // [B,T,2F]
+  const auto gu = nn::linear(in8(h2), f.gate_up);  // [B,T,2F]
   const int64_t mlp = f.down.size(1);
   // GeGLU in one kernel on the GPU. The CPU keeps ATen's two operations: their tanh is vectorized, our loop's is
   // not (pi0 configs/bench_cpu.yaml, 3 cameras, float32: 679 ms per call in nn::geglu against 117 ms + a product,
   // bench_infer --profile).
   const auto act = own_kernels && !x.is_cpu() ? nn::geglu(gu)
                                               : nn::gelu_tanh(gu.narrow(-1, 0, mlp)) * gu.narrow(-1, mlp, mlp);
-  return time ? torch::addcmul(x1, nn::linear(act, f.down), time->gate[2 * l + 1]) : add_linear(x1, act, f.down);
+  return time ? torch::addcmul(x1, nn::linear(act, f.down), time->gate[2 * l + 1]) : add_linear(x1, in8(act), f.down);
 }
 
 torch::Tensor mask_for(Pi0Impl& m, const torch::Tensor& mask, torch::ScalarType dtype) {
@@ -182,6 +185,14 @@ FusedWeights fuse_weights(Pi0Impl& m, torch::ScalarType dtype) {
   for (int64_t l = 0; l < pwe.language_model->options.depth; ++l) {
     f.prefix.push_back(fuse_layer(*pwe.language_model->layers[l], pwe.language_model->options, dtype));
     f.suffix.push_back(fuse_layer(*pwe.expert->layers[l], pwe.expert->options, dtype));
+  }
+  if (m.fp8_simulation()) {
+    // The weights as FP8 with one scale per output channel, after the folds (an FP8 path would quantize these).
+    f.fp8_simulated = true;
+    for (auto& layer : f.prefix) {
+      for (auto* w : {&layer.qkv, &layer.o, &layer.gate_up, &layer.down}) *w = nn::fake_quantize_e4m3_rows(*w);
+      layer.fp8 = true;
+    }
   }
   f.out_w = fold_norm(effective_weight(*m.action_out_proj, acc), *pwe.expert->norm).contiguous();
   f.out_b = m.action_out_proj->bias.detach().to(acc);

@@ -40,6 +40,7 @@ struct FusedLayer {
   torch::Tensor gate_up;  ///< [2F, W]: gate rows, then up rows; the pre-FFW norm's scale folded in
   torch::Tensor down;     ///< [W, F]
   double eps_in = 1e-6, eps_post = 1e-6;
+  bool fp8 = false;  ///< the GEMMs' inputs go through nn::fake_quantize_e4m3_rows (the weights are stored so)
 };
 
 /// The time-dependent values of one suffix pass, for time [B] ([B,1,·]: every token alike) or [B,H] (per token).
@@ -53,6 +54,7 @@ struct TimeBranch {
 
 struct FusedWeights {
   torch::ScalarType dtype = torch::kFloat32;  ///< compute dtype the copy was made for
+  bool fp8_simulated = false;                 ///< Pi0Impl::set_fp8_simulation when it was made: the prefix's layers
   std::vector<FusedLayer> prefix, suffix;     ///< the PaliGemma and action-expert layers
   torch::Tensor out_w, out_b;                 ///< action_out_proj (float32); pi0: the final norm's scale folded in
   torch::Tensor action_w, time_w, time_b;     ///< pi0: [We,A] folded action linear, [We,We] time half, its bias

@@ -579,7 +579,7 @@ FusedWeights* Pi0Impl::fused_for_sampling(bool use_kv_cache) {
     sampled_weights_ = std::move(signature);
   }
   if (!use_kv_cache || !fused_inference_ || paligemma_with_expert->layer_gate) return nullptr;
-  if (!fused_ || fused_->dtype != compute_dtype_) {
+  if (!fused_ || fused_->dtype != compute_dtype_ || fused_->fp8_simulated != fp8_simulation_) {
     graphs_.reset();
     fused_ = std::make_unique<FusedWeights>(fuse_weights(*this, compute_dtype_));
   }

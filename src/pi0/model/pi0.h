@@ -173,6 +173,11 @@ class Pi0Impl : public torch::nn::Module {
   /// set (train.offload updates the weights layer by layer).
   void set_fused_inference(bool on) { fused_inference_ = on; }
   bool fused_inference() const { return fused_inference_; }
+  /// On the simplified weights only: the prefix's Gemma GEMMs with FP8-quantized operands, simulated in float32
+  /// (nn/fp8.h: per output channel weight scales, per token activation scales), to measure FP8's action error
+  /// before an FP8 path is built for GPUs (pi0-infer --simulate-fp8; docs/serving.md, "FP8").
+  void set_fp8_simulation(bool on) { fp8_simulation_ = on; }
+  bool fp8_simulation() const { return fp8_simulation_; }
   /// Called before each SigLIP and joint layer's forward (train.offload: the host updates the weights in the
   /// forward's order while the next step starts, and each layer waits for its own); empty: none.
   void set_layer_gate(LayerGate gate);
@@ -240,6 +245,7 @@ class Pi0Impl : public torch::nn::Module {
   AttentionImpl attention_impl_ = AttentionImpl::kAuto;
   bool cuda_graph_ = false;
   bool fused_inference_ = true;
+  bool fp8_simulation_ = false;
   struct GraphCache;  // captured sampling calls (CUDA builds only)
   std::unique_ptr<GraphCache> graphs_;
   std::unique_ptr<FusedWeights> fused_;
