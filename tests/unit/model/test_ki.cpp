@@ -123,7 +123,7 @@ TEST_CASE("without the stop-gradient flow matching reaches the backbone through 
   CHECK(torch::equal(on.ce, off.ce));
 }
 
-TEST_CASE("knowledge insulation: the FAST block cannot change the velocity, only the CE", "[unit][model][ki]") {
+TEST_CASE("knowledge insulation: the FAST block cannot change the velocity nor the suffix the CE", "[unit][model][ki]") {
   KiCase c;
   torch::NoGradGuard ng;
   const auto a = c.forward();
@@ -136,6 +136,14 @@ TEST_CASE("knowledge insulation: the FAST block cannot change the velocity, only
   CHECK_FALSE(torch::equal(a.ce, b.ce));
   CHECK(b.targets[0].item<float>() == 2);
   CHECK(b.targets[1].item<float>() == KiCase::kF);
+  // And the other way: another suffix (noise, time, actions) leaves the CE bit-identical.
+  c.noise = torch::randn_like(c.noise);
+  c.time = torch::tensor({0.6f, 0.1f});
+  c.actions = torch::randn_like(c.actions);
+  const auto s = c.forward();
+  CHECK(torch::equal(s.ce, b.ce));
+  CHECK(torch::equal(s.correct, b.correct));
+  CHECK_FALSE(torch::equal(s.flow, b.flow));
 }
 
 TEST_CASE("knowledge insulation: the suffix sees what sampling sees (the flow loss equals the joint pass's)",
