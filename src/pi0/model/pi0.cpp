@@ -361,20 +361,32 @@ torch::Tensor Pi0Impl::velocity_full(const Embedded& prefix, const torch::Tensor
   return action_out_proj->forward(nn::upcast(out.suffix.narrow(1, out.suffix.size(1) - h, h)));
 }
 
+namespace {
+
+// Flow matching's training pair for `actions` [B,H,A] (float32 or wider): time t [B] or [B,H] (drawn as
+// sample_flow_time when not given), x_t = t·noise + (1 − t)·actions and the target velocity u_t = noise − actions.
+struct FlowTargets {
+  torch::Tensor t, x_t, u_t;
+};
+FlowTargets flow_targets(const torch::Tensor& actions, const std::optional<torch::Tensor>& noise,
+                         const std::optional<torch::Tensor>& time, int64_t horizon) {
+  const int64_t b = actions.size(0);
+  auto a = nn::upcast(actions);
+  auto eps = noise ? noise->to(a.scalar_type()) : torch::randn_like(a);
+  auto t = time ? time->to(a.scalar_type()) : sample_flow_time(b, a.options());
+  PI0_CHECK(t.dim() == 1 || (t.dim() == 2 && t.size(1) == horizon), "time must be [B] or [B,H], got ", t.sizes());
+  auto t3 = t.dim() == 1 ? t.view({b, 1, 1}) : t.unsqueeze(-1);
+  return {t, t3 * eps + (1.0 - t3) * a, eps - a};
+}
+
+}  // namespace
+
 torch::Tensor Pi0Impl::compute_loss(const Observation& obs, const torch::Tensor& actions,
                                     std::optional<torch::Tensor> noise, std::optional<torch::Tensor> time) {
   PI0_CHECK(actions.dim() == 3 && actions.size(1) == options_.action_horizon &&
                 actions.size(2) == options_.action_dim,
             "actions must be [B,", options_.action_horizon, ",", options_.action_dim, "], got ", actions.sizes());
-  const int64_t b = actions.size(0);
-  auto a = nn::upcast(actions);
-  auto eps = noise ? noise->to(a.scalar_type()) : torch::randn_like(a);
-  auto t = time ? time->to(a.scalar_type()) : sample_flow_time(b, a.options());
-  PI0_CHECK(t.dim() == 1 || (t.dim() == 2 && t.size(1) == options_.action_horizon), "time must be [B] or [B,H], got ",
-            t.sizes());
-  auto t3 = t.dim() == 1 ? t.view({b, 1, 1}) : t.unsqueeze(-1);
-  auto x_t = t3 * eps + (1.0 - t3) * a;
-  auto u_t = eps - a;
+  const auto [t, x_t, u_t] = flow_targets(actions, noise, time, options_.action_horizon);
   auto prefix = embed_prefix(obs);
   auto v_t = velocity_full(prefix, obs.state, x_t, t);
   return (v_t - u_t).pow(2);
@@ -392,14 +404,7 @@ Pi0Impl::KiLoss Pi0Impl::compute_ki_loss(const Observation& obs, const torch::Te
   PI0_CHECK(fast_tokens.dim() == 2 && fast_tokens.size(0) == b && fast_mask.sizes() == fast_tokens.sizes(),
             "fast_tokens and fast_mask must both be [B,F] with B = ", b, ", got ", fast_tokens.sizes(), " and ",
             fast_mask.sizes());
-  auto a = nn::upcast(actions);
-  auto eps = noise ? noise->to(a.scalar_type()) : torch::randn_like(a);
-  auto t = time ? time->to(a.scalar_type()) : sample_flow_time(b, a.options());
-  PI0_CHECK(t.dim() == 1 || (t.dim() == 2 && t.size(1) == options_.action_horizon), "time must be [B] or [B,H], got ",
-            t.sizes());
-  auto t3 = t.dim() == 1 ? t.view({b, 1, 1}) : t.unsqueeze(-1);
-  auto x_t = t3 * eps + (1.0 - t3) * a;
-  auto u_t = eps - a;
+  const auto [t, x_t, u_t] = flow_targets(actions, noise, time, options_.action_horizon);
   auto& pwe = *paligemma_with_expert;
 
   // Pass 1: the backbone over P ∪ F. F is one causal block after P (ar = 1 on each F row), so no P row sees F and
