@@ -12,19 +12,31 @@
 using namespace pi0;
 using Catch::Contains;
 
-TEST_CASE("pi0-infer --prev-actions with --prev-executed and --inference-delay is the request with the keys in the "
-          "observation file", "[integration][infer]") {
-  if (!testing::apps_built({"pi0-export", "pi0-infer"})) return;
-  testing::TinyRun run;
+namespace {
+
+// One training step of the tiny run exported as a float32 bundle (run.dir/bundle), with an observation
+// (obs.safetensors, returned) and a noise file (noise.safetensors) drawn from `seed`.
+std::map<std::string, torch::Tensor> export_tiny_bundle(testing::TinyRun& run, uint64_t seed) {
   train::Trainer(run.config("run", {"train.num_steps=1", "checkpoint.save_interval=1"})).run();
-  auto app = [&](const char* name, const std::string& args) { return testing::run_app_process(name, args, run.dir); };
-  REQUIRE(app("pi0-export", "--checkpoint " + run.dir.str("run") + " --out " + run.dir.str("bundle") +
-                                " --dtype float32").code == 0);
-  torch::manual_seed(5);
+  REQUIRE(testing::run_app_process("pi0-export", "--checkpoint " + run.dir.str("run") + " --out " +
+                                                     run.dir.str("bundle") + " --dtype float32", run.dir)
+              .code == 0);
+  torch::manual_seed(seed);
   const std::map<std::string, torch::Tensor> obs = {
       {"image/base_0_rgb", torch::randint(0, 256, {1, 32, 32, 3}).to(torch::kUInt8)}, {"state", torch::randn({1, 8})}};
   io::save_safetensors(run.dir.str("obs.safetensors"), {obs.begin(), obs.end()});
   io::save_safetensors(run.dir.str("noise.safetensors"), {{"noise", torch::randn({1, 8, 8})}});
+  return obs;
+}
+
+}  // namespace
+
+TEST_CASE("pi0-infer --prev-actions with --prev-executed and --inference-delay is the request with the keys in the "
+          "observation file", "[integration][infer]") {
+  if (!testing::apps_built({"pi0-export", "pi0-infer"})) return;
+  testing::TinyRun run;
+  const auto obs = export_tiny_bundle(run, 5);
+  auto app = [&](const char* name, const std::string& args) { return testing::run_app_process(name, args, run.dir); };
   const std::string common = "--bundle " + run.dir.str("bundle") + " --prompt 'reach' --num-steps 3 --noise " +
                              run.dir.str("noise.safetensors");
   REQUIRE(app("pi0-infer", common + " --obs " + run.dir.str("obs.safetensors") + " --out " + run.dir.str("a.st"))
@@ -72,15 +84,8 @@ TEST_CASE("pi0-infer --prev-actions with --prev-executed and --inference-delay i
 TEST_CASE("pi0-infer --simulate-fp8 moves the actions by FP8's rounding and says so", "[integration][infer][fp8]") {
   if (!testing::apps_built({"pi0-export", "pi0-infer"})) return;
   testing::TinyRun run;
-  train::Trainer(run.config("run", {"train.num_steps=1", "checkpoint.save_interval=1"})).run();
+  export_tiny_bundle(run, 6);
   auto app = [&](const char* name, const std::string& args) { return testing::run_app_process(name, args, run.dir); };
-  REQUIRE(app("pi0-export", "--checkpoint " + run.dir.str("run") + " --out " + run.dir.str("bundle") +
-                                " --dtype float32").code == 0);
-  torch::manual_seed(6);
-  io::save_safetensors(run.dir.str("obs.safetensors"),
-                       {{"image/base_0_rgb", torch::randint(0, 256, {1, 32, 32, 3}).to(torch::kUInt8)},
-                        {"state", torch::randn({1, 8})}});
-  io::save_safetensors(run.dir.str("noise.safetensors"), {{"noise", torch::randn({1, 8, 8})}});
   const std::string common = "--bundle " + run.dir.str("bundle") + " --prompt 'reach' --num-steps 3 --noise " +
                              run.dir.str("noise.safetensors") + " --obs " + run.dir.str("obs.safetensors");
   REQUIRE(app("pi0-infer", common + " --out " + run.dir.str("a.st")).code == 0);

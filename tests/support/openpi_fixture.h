@@ -15,6 +15,7 @@
 
 #include "pi0/model/observation.h"
 #include "support/skip.h"
+#include "support/test_support.h"
 
 namespace pi0::testing {
 
@@ -38,11 +39,6 @@ inline bool openpi_fixture_present(const std::string& relative) {
   return false;
 }
 
-inline nlohmann::json read_json(const std::string& path) {
-  std::ifstream f(path);
-  REQUIRE(f);
-  return nlohmann::json::parse(f);
-}
 
 /// The `model:` section describing the fixture model in `dir` (pi0/ or pi05/), from its config.json, with explicit
 /// dimensions for both experts and SigLIP.

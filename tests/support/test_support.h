@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "pi0/common/fs.h"
@@ -55,6 +56,13 @@ inline double max_rel_error(const torch::Tensor& a, const torch::Tensor& b) {
   auto diff = (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
   auto scale = b.to(torch::kFloat64).abs().max().item<double>();
   return diff / std::max(scale, 1e-30);
+}
+
+/// The JSON document in `path` (a golden or fixture file); the test fails (REQUIRE) if it cannot be opened.
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream f(path);
+  REQUIRE(f);
+  return nlohmann::json::parse(f);
 }
 
 /// A fresh empty directory under the system temp dir, removed when the object dies.

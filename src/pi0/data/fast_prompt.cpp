@@ -143,7 +143,7 @@ std::string FastPromptTokenizer::prefix_text(const std::string& cleaned, const t
 FastPromptTokenizer::FastPromptTokenizer(std::shared_ptr<const Tokenizer> spm, std::shared_ptr<const FastTokenizer> fast)
     : spm_(std::move(spm)), fast_(std::move(fast)) {
   PI0_CHECK(spm_ && fast_, "FastPromptTokenizer needs both tokenizers");
-  const int64_t room = spm_->vocab_size() - 128;
+  const int64_t room = fast_token_room(spm_->vocab_size());
   if (fast_->vocab_size() > room)
     throw UserError(fast_->dir() + "/processor_config.json: vocab_size is " + std::to_string(fast_->vocab_size()) +
                     ", but the SentencePiece model has room for " + std::to_string(room) +

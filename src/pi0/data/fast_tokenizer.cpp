@@ -501,8 +501,10 @@ namespace {
 constexpr int64_t kSegTokens = 128;  // PaliGemma's <seg000>..<seg127>, the vocabulary's last ids
 }  // namespace
 
+int64_t fast_token_room(int64_t paligemma_vocab) { return paligemma_vocab - kSegTokens; }
+
 int64_t fast_to_paligemma(int64_t fast_id, int64_t paligemma_vocab) {
-  const int64_t top = paligemma_vocab - 1 - kSegTokens;
+  const int64_t top = fast_token_room(paligemma_vocab) - 1;
   if (fast_id < 0 || fast_id > top)
     throw UserError("FAST id " + std::to_string(fast_id) + " has no PaliGemma token (expected 0.." +
                     std::to_string(top) + " for a vocabulary of " + std::to_string(paligemma_vocab) + ")");
@@ -510,7 +512,7 @@ int64_t fast_to_paligemma(int64_t fast_id, int64_t paligemma_vocab) {
 }
 
 int64_t paligemma_to_fast(int64_t paligemma_id, int64_t paligemma_vocab) {
-  const int64_t top = paligemma_vocab - 1 - kSegTokens;
+  const int64_t top = fast_token_room(paligemma_vocab) - 1;
   if (paligemma_id < 0 || paligemma_id > top)
     throw UserError("PaliGemma token " + std::to_string(paligemma_id) + " is not a FAST token (expected 0.." +
                     std::to_string(top) + " for a vocabulary of " + std::to_string(paligemma_vocab) + ")");

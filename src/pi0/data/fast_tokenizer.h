@@ -99,6 +99,9 @@ class FastTokenizer {
 /// pg(id) = vocab − 1 − 128 − id (257023 − id for PaliGemma's 257152). Both directions throw pi0::UserError on an
 /// id outside [0, vocab − 129] / a token below the FAST range (a FAST id ≥ the fast vocabulary is the caller's check).
 int64_t fast_to_paligemma(int64_t fast_id, int64_t paligemma_vocab);
+/// How many FAST ids that map has room for: the vocabulary less its 128 `<seg>` tail tokens (a FAST tokenizer with a
+/// larger vocab_size does not fit the SentencePiece model).
+int64_t fast_token_room(int64_t paligemma_vocab);
 int64_t paligemma_to_fast(int64_t paligemma_id, int64_t paligemma_vocab);
 
 }  // namespace pi0::data

@@ -73,14 +73,15 @@ void rope_scatter(const torch::Tensor& qkv, const RopeTables& tables, int64_t nu
   const auto sin = tables.sin.expand_as(cos);
   PI0_CHECK(tables.sin.sizes() == tables.cos.sizes() && sin.strides() == cos.strides(),
             "rope_scatter: cos and sin tables differ in layout");
+  // The arithmetic's type (at::opmath_type of the input): float64 for float64, float32 for the rest.
+  const auto acc = qkv.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  PI0_CHECK(cos.scalar_type() == acc && sin.scalar_type() == acc, "rope_scatter: tables in ", cos.scalar_type(),
+            " for ", qkv.scalar_type(), " input (expected ", acc, ")");
 #if PI0_WITH_CUDA_KERNELS
-  if (qkv.is_cuda()) return cuda::rope_scatter(qkv, cos, sin, num_heads, q_out, kv_out);
+  if (qkv.is_cuda()) return cuda::rope_scatter(l, qkv, cos, sin, q_out, kv_out);
 #endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "pi0::rope_scatter", [&] {
     using acc_t = at::opmath_type<scalar_t>;
-    PI0_CHECK(cos.scalar_type() == c10::CppTypeToScalarType<acc_t>::value, "rope_scatter: tables in ",
-              cos.scalar_type(), " for ", qkv.scalar_type(), " input (expected ",
-              c10::CppTypeToScalarType<acc_t>::value, ")");
     const auto* x = qkv.data_ptr<scalar_t>();
     const auto* c = cos.data_ptr<acc_t>();
     const auto* s = sin.data_ptr<acc_t>();

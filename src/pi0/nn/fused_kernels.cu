@@ -42,23 +42,14 @@ __global__ void geglu_kernel(int64_t f, int64_t total, const scalar_t* gu, scala
 
 }  // namespace
 
-void rope_scatter(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, int64_t num_heads,
-                  const at::Tensor& q_out, const at::Tensor& kv_out) {
+void rope_scatter(const kernels::RopeScatterLayout& l, const at::Tensor& qkv, const at::Tensor& cos,
+                  const at::Tensor& sin, const at::Tensor& q_out, const at::Tensor& kv_out) {
   const c10::cuda::CUDAGuard guard(qkv.device());
-  const int64_t b = qkv.size(0), t = qkv.size(1), heads = qkv.size(2), d = qkv.size(3), k = (heads - num_heads) / 2;
-  kernels::RopeScatterLayout l;
-  l.n = num_heads, l.k = k, l.g = num_heads / k, l.half = d / 2;
-  for (int i = 0; i < 4; ++i) l.x[i] = qkv.stride(i);
-  l.tab[0] = cos.stride(0), l.tab[1] = cos.stride(1), l.tab[2] = cos.stride(3);
-  if (q_out.defined())
-    for (int i = 0; i < 5; ++i) l.q[i] = q_out.stride(i);
-  for (int i = 0; i < 4; ++i) l.kv[i] = kv_out.stride(i);
-  const int64_t total = b * t * heads * l.half;
+  const int64_t t = qkv.size(1), heads = qkv.size(2);
+  const int64_t total = qkv.size(0) * t * heads * l.half;
   if (total == 0) return;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "pi0::rope_scatter", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
-    TORCH_CHECK(cos.scalar_type() == c10::CppTypeToScalarType<acc_t>::value, "rope_scatter: tables in ",
-                cos.scalar_type(), " for ", qkv.scalar_type(), " input");
+    using acc_t = at::opmath_type<scalar_t>;  // the tables' dtype, checked by the caller
     rope_scatter_kernel<scalar_t, acc_t><<<blocks_for(total), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         l, t, heads, total, qkv.data_ptr<scalar_t>(), cos.data_ptr<acc_t>(), sin.data_ptr<acc_t>(),
         q_out.defined() ? q_out.data_ptr<scalar_t>() : nullptr, kv_out.data_ptr<scalar_t>());

@@ -52,7 +52,7 @@ std::shared_ptr<const data::FastTokenizer> load_ki_fast_tokenizer(const config::
     throw UserError(key + ": " + e.what());
   }
   // openpi's map pg(id) = spm vocab - 1 - 128 - id puts FAST ids below the 128 <seg> tokens at the vocabulary's end.
-  const int64_t room = spm.vocab_size() - 128;
+  const int64_t room = data::fast_token_room(spm.vocab_size());
   if (fast->vocab_size() > room) {
     throw UserError(key + ": the FAST vocabulary has " + std::to_string(fast->vocab_size()) + " ids but data.tokenizer '" +
                     cfg.data.tokenizer + "' (" + std::to_string(spm.vocab_size()) + " tokens) has room for " +

@@ -14,6 +14,7 @@
 #include "pi0/common/log_line.h"
 #include "pi0/data/fast_prompt.h"
 #include "support/openpi_fixture.h"
+#include "support/test_support.h"
 
 using pi0::data::FastPromptTokenizer;
 using json = nlohmann::json;
@@ -22,14 +23,6 @@ namespace {
 
 std::string golden(const std::string& name) {
   return std::string(PI0_SOURCE_DIR) + "/tests/data/golden/pi0_fast/" + name;
-}
-
-json read(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return json::parse(ss.str());
 }
 
 std::vector<int64_t> to_vec(const torch::Tensor& t) {
@@ -60,7 +53,7 @@ std::unique_ptr<FastPromptTokenizer> reference_tokenizer(const json& file) {
 }  // namespace
 
 TEST_CASE("pi0fast_tokenize_parity: openpi FASTTokenizer.tokenize tokens and masks on every golden case", "[fast][data]") {
-  const json file = read(golden("tokenize.json"));
+  const json file = pi0::testing::read_json(golden("tokenize.json"));
   const auto tok = reference_tokenizer(file);
   if (!tok) return;
   const int64_t H = file["h"], D = file["d"];
@@ -94,7 +87,7 @@ TEST_CASE("pi0fast_tokenize_parity: openpi FASTTokenizer.tokenize tokens and mas
 }
 
 TEST_CASE("pi0fast_tokenize_parity: openpi FASTTokenizer.extract_actions on every golden row", "[fast][data]") {
-  const json file = read(golden("tokenize.json"));
+  const json file = pi0::testing::read_json(golden("tokenize.json"));
   const auto tok = reference_tokenizer(file);
   if (!tok) return;
   const int64_t H = file["h"], D = file["d"];
@@ -138,7 +131,7 @@ TEST_CASE("fast prompt: Python lower and strip semantics", "[fast][data]") {
 }
 
 TEST_CASE("fast prompt: truncation is warned once and counted", "[fast][data]") {
-  const json file = read(golden("tokenize.json"));
+  const json file = pi0::testing::read_json(golden("tokenize.json"));
   const auto tok = reference_tokenizer(file);
   if (!tok) return;
   const std::string key = "fast prompt: truncated to max_token_len";

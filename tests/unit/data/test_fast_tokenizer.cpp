@@ -14,6 +14,7 @@
 #include "data_test_util.h"
 #include "pi0/common/check.h"
 #include "pi0/data/fast_tokenizer.h"
+#include "support/test_support.h"
 
 using pi0::data::FastTokenizer;
 using json = nlohmann::json;
@@ -21,14 +22,6 @@ using json = nlohmann::json;
 namespace {
 
 std::string golden(const std::string& name) { return std::string(PI0_SOURCE_DIR) + "/tests/data/golden/fast/" + name; }
-
-json read(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return json::parse(ss.str());
-}
 
 void write(const std::string& path, const json& j) {
   std::ofstream out(path);
@@ -41,7 +34,7 @@ int64_t n_code_points(const std::string& s) { return static_cast<int64_t>(FastTo
 
 /// Every case of cases_<name>.json: stages, ids, decode.
 void check_cases(const std::string& name) {
-  const json file = read(golden("cases_" + name + ".json"));
+  const json file = pi0::testing::read_json(golden("cases_" + name + ".json"));
   const FastTokenizer tok(golden(file["tokenizer"].get<std::string>()));
   const int64_t H = file["h"], D = file["d"];
   REQUIRE(tok.min_token() == file["min_token"].get<int64_t>());
@@ -86,8 +79,8 @@ void check_cases(const std::string& name) {
 /// A copy of tokenizer "a" with `edit` applied to tokenizer.json / processor_config.json.
 template <typename F>
 std::string edited_copy(const pi0::test::TempDir& dir, F edit) {
-  json tok = read(golden("tokenizer_a/tokenizer.json"));
-  json proc = read(golden("tokenizer_a/processor_config.json"));
+  json tok = pi0::testing::read_json(golden("tokenizer_a/tokenizer.json"));
+  json proc = pi0::testing::read_json(golden("tokenizer_a/processor_config.json"));
   edit(tok, proc);
   write(dir.file("tokenizer.json"), tok);
   write(dir.file("processor_config.json"), proc);
@@ -114,7 +107,7 @@ std::string load_error(F edit) {
 }  // namespace
 
 TEST_CASE("FAST DCT-II and DCT-III match scipy's orthonormal dct and idct", "[unit][data][fast]") {
-  for (const json& c : read(golden("dct.json"))) {
+  for (const json& c : pi0::testing::read_json(golden("dct.json"))) {
     const int64_t H = c["h"], D = c["d"];
     INFO("H " << H);
     const auto x = c["x"].get<std::vector<double>>();
@@ -146,7 +139,7 @@ TEST_CASE("FAST quantization rounds .5 ties to even", "[unit][data][fast]") {
   CHECK(std::vector<int64_t>(q.begin(), q.begin() + 4) == std::vector<int64_t>{8, 22, -8, -22});
   // The golden file holds the same tie chunk, so HF + scipy agree.
   bool found = false;
-  const json cases = read(golden("cases_a.json"));
+  const json cases = pi0::testing::read_json(golden("cases_a.json"));
   for (const json& c : cases["cases"])
     if (c["kind"] == "tie" && c["actions"].get<std::vector<double>>() == a) {
       found = true;
@@ -157,7 +150,7 @@ TEST_CASE("FAST quantization rounds .5 ties to even", "[unit][data][fast]") {
 
 TEST_CASE("FAST pre-tokenizer splits code points 0 to 4095 as HF's ByteLevel GPT-2 regex", "[unit][data][fast]") {
   const FastTokenizer tok(golden("tokenizer_a"));
-  for (const json& c : read(golden("pretokenizer_sweep.json"))) {
+  for (const json& c : pi0::testing::read_json(golden("pretokenizer_sweep.json"))) {
     std::string s;
     for (int64_t cp = c["first"]; cp <= c["last"].get<int64_t>(); ++cp) {
       s += c["context"].get<std::string>();
@@ -190,7 +183,7 @@ TEST_CASE("FAST tokenizer reads both merges formats to the same ids", "[unit][da
     tok["model"]["merges"] = pairs;
   });
   const FastTokenizer strings(golden("tokenizer_a")), pairs(path);
-  const json cases = read(golden("cases_a.json"));
+  const json cases = pi0::testing::read_json(golden("cases_a.json"));
   for (const json& c : cases["cases"])
     if (c.contains("actions")) {
       const auto a = c["actions"].get<std::vector<double>>();
@@ -200,7 +193,7 @@ TEST_CASE("FAST tokenizer reads both merges formats to the same ids", "[unit][da
 
 TEST_CASE("FAST encode of a tensor equals the float64 path", "[unit][data][fast]") {
   const FastTokenizer tok(golden("tokenizer_a"));
-  const json c = read(golden("cases_a.json"))["cases"][0];
+  const json c = pi0::testing::read_json(golden("cases_a.json"))["cases"][0];
   const auto a = c["actions"].get<std::vector<double>>();
   const torch::Tensor t = torch::tensor(a, torch::kFloat64).reshape({9, 4});
   CHECK(tok.encode(t) == c["ids"].get<std::vector<int64_t>>());
@@ -208,7 +201,7 @@ TEST_CASE("FAST encode of a tensor equals the float64 path", "[unit][data][fast]
 
 TEST_CASE("FAST tokenizer encodes and decodes from several threads at once", "[unit][data][fast]") {
   const FastTokenizer tok(golden("tokenizer_b"));
-  const json cases = read(golden("cases_b.json"));
+  const json cases = pi0::testing::read_json(golden("cases_b.json"));
   std::vector<std::vector<double>> chunks;
   std::vector<std::vector<int64_t>> want;
   for (const json& c : cases["cases"])

@@ -15,6 +15,7 @@
 #include "pi0/io/safetensors.h"
 #include "pi0/model/pi0_fast.h"
 #include "pi0/train/lr_schedule.h"
+#include "support/test_support.h"
 
 using namespace pi0;
 using json = nlohmann::json;
@@ -23,14 +24,6 @@ namespace {
 
 std::string golden(const std::string& name) {
   return std::string(PI0_SOURCE_DIR) + "/tests/data/golden/pi0_fast/" + name;
-}
-
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return json::parse(ss.str());
 }
 
 /// max |a - b| / max |b|.
@@ -93,7 +86,7 @@ model::Observation observation(const std::map<std::string, torch::Tensor>& c, co
 }  // namespace
 
 TEST_CASE("pi0fast_forward_parity and pi0fast_decode_parity: openpi Pi0FAST at tiny dimensions", "[fast][model][parity]") {
-  const json meta = read_json(golden("model.json"));
+  const json meta = pi0::testing::read_json(golden("model.json"));
   const auto weights = io::read_safetensors(golden("model_weights.safetensors"));
   const auto c = io::read_safetensors(golden("model_cases.safetensors"));
   model::Pi0Fast m(golden_options(meta));
@@ -143,7 +136,7 @@ TEST_CASE("pi0fast_forward_parity and pi0fast_decode_parity: openpi Pi0FAST at t
 }
 
 TEST_CASE("pi0fast: the loss backpropagates to every parameter that reaches a target", "[fast][model]") {
-  const json meta = read_json(golden("model.json"));
+  const json meta = pi0::testing::read_json(golden("model.json"));
   const auto c = io::read_safetensors(golden("model_cases.safetensors"));
   model::Pi0Fast m(golden_options(meta));
   load_exact(*m, io::read_safetensors(golden("model_weights.safetensors")));
@@ -160,7 +153,7 @@ TEST_CASE("pi0fast: the loss backpropagates to every parameter that reaches a ta
 }
 
 TEST_CASE("pi0fast: an example without loss targets has loss 0 and no logits", "[fast][model]") {
-  const json meta = read_json(golden("model.json"));
+  const json meta = pi0::testing::read_json(golden("model.json"));
   const auto c = io::read_safetensors(golden("model_cases.safetensors"));
   model::Pi0Fast m(golden_options(meta));
   load_exact(*m, io::read_safetensors(golden("model_weights.safetensors")));
@@ -176,7 +169,7 @@ TEST_CASE("pi0fast: an example without loss targets has loss 0 and no logits", "
 }
 
 TEST_CASE("pi0fast: temperature sampling is seeded and differs from greedy", "[fast][model]") {
-  const json meta = read_json(golden("model.json"));
+  const json meta = pi0::testing::read_json(golden("model.json"));
   const auto c = io::read_safetensors(golden("model_cases.safetensors"));
   model::Pi0Fast m(golden_options(meta));
   load_exact(*m, io::read_safetensors(golden("model_weights.safetensors")));
@@ -196,7 +189,7 @@ TEST_CASE("pi0fast_train_parity: 12 openpi training steps with AdamW and EMA", "
   // EMA) replayed with the model's gradients and LibTorch's AdamW: pins the gradients of every tensor over 12 steps.
   // openpi's AdamW equals torch's (decoupled decay on the pre-update weight; eps added to sqrt(v_hat)); the global
   // norm clip scales by max_norm / norm only above max_norm, as optax does.
-  const json meta = read_json(golden("model.json"));
+  const json meta = pi0::testing::read_json(golden("model.json"));
   const auto c = io::read_safetensors(golden("model_cases.safetensors"));
   const auto& t = meta.at("train");
   model::Pi0Fast m(golden_options(meta));
