@@ -4,6 +4,10 @@
 //               [--precisions float32,bf16-mixed] [--workers 2] [--no-augment] [--threads T]
 //               [--json out.json] [--dir DIR] [--tokenizer PATH] [--device cuda] [--peak-tflops 989]
 //               [--freeze PRESET] [--checkpointing-modes 0,1] [--save-checkpoint] [--profile DIR [--profile-steps 2]]
+//               [--count-ops]
+// --count-ops: after each row's timed steps, one more forward + backward of a micro-batch counted instead of timed
+// (train/step_census.h): its kernels by phase and name as bench_infer counts sampling's, recomputation included, and
+// the bytes of float32 weights, cast copies and gradients it holds at the end of backward; printed after the results.
 // --profile: each row runs --profile-steps more steps after its timed ones, recorded by the profiler
 // (common/profiler.h, docs/profiling.md) into DIR/<row>/ (trace.json, profile.txt, profile.json); the timed steps
 // are not profiled. The row's phase table is printed after the results.
@@ -63,6 +67,7 @@
 #include "pi0/model/model_config.h"
 #include "pi0/train/data_setup.h"
 #include "pi0/train/metrics.h"
+#include "pi0/train/step_census.h"
 #include "pi0/train/trainer.h"
 
 using namespace pi0;
@@ -92,6 +97,7 @@ struct Args {
   double gpu_gib = 0;            ///< > 0: cap the CUDA caching allocator at this many GiB (emulates a smaller card)
   std::string profile;           ///< non-empty: profile each row into <profile>/<row> (a child: its own folder)
   int profile_steps = 2;         ///< steps profiled after the timed ones
+  bool count_ops = false;        ///< a counted forward + backward after the timed steps (train/step_census.h)
   // child mode
   bool child = false;
   std::string precision = "float32";
@@ -142,6 +148,9 @@ std::optional<Args> parse_args(int argc, char** argv) {
   cli->add_option("--profile-steps", a.profile_steps, "with --profile: steps recorded per row")
       ->check(app::int_in(1))
       ->needs(profile);
+  cli->add_flag("--count-ops", a.count_ops,
+                "after each row's timed steps, count one forward + backward's operations by phase and name and the "
+                "bytes of weights, cast copies and gradients it holds (train/step_census.h)");
   // One configuration in a fresh process (the parent runs this binary with them).
   cli->add_flag("--child", a.child, "internal: run one configuration")->group("");
   cli->add_option("--precision", a.precision, "internal")->group("");
@@ -227,6 +236,24 @@ double peak_gpu_mib(const Args& a) {
   return -1;
 }
 
+/// --count-ops: one micro-batch's forward + backward on the trained model, counted (the first samples of the data,
+/// the noise and time drawn from a fixed seed: the counts do not depend on them).
+train::StepCensus count_step(train::Trainer& trainer, const config::Config& cfg) {
+  const int64_t micro = config::micro_batch_size(cfg.train, 1);
+  const auto pipe = train::make_data_pipeline(cfg, micro, 0, 1);
+  std::vector<data::SampleRef> refs;
+  for (int64_t i = 0; i < micro; ++i) refs.push_back({0, i});
+  auto batch = data::make_batch(pipe.sources, refs);
+  auto& model = *trainer.model();
+  const auto device = model.parameters().front().device();
+  batch.observation = batch.observation.to(device);
+  batch.actions = batch.actions.to(device);
+  torch::manual_seed(0);
+  const auto noise = torch::randn(batch.actions.sizes(), torch::kFloat32).to(device);
+  const auto time = (torch::rand({micro}) * 0.9 + 0.05).to(device);
+  return train::census_training_step(model, batch, noise, time);
+}
+
 constexpr int kChildOutOfMemory = 3;  ///< the child's exit status when the configuration does not fit
 
 /// Child: one configuration, result as JSON in a.out. Out of memory: {"status": "out of memory", ...}, exit 3.
@@ -249,6 +276,7 @@ int run_child(const Args& a) {
   cfg.checkpoint.run_dir = run_dir.string();
   double base_mib = 0;
   model::CheckpointedLayers checkpointed;  // what train.gradient_checkpointing (auto included) came to
+  std::optional<train::StepCensus> census;  // --count-ops
   try {
     train::RunOptions options;
     options.final_checkpoint = a.save_checkpoint;
@@ -262,6 +290,7 @@ int run_child(const Args& a) {
     checkpointed = trainer.model()->checkpointed_layers();
     base_mib = proc_status_mib("VmRSS");
     trainer.run();
+    if (a.count_ops) census = count_step(trainer, cfg);
   } catch (const c10::OutOfMemoryError& e) {
     const nlohmann::json out = {{"status", "out of memory"},
                                 {"precision", a.precision},
@@ -322,6 +351,7 @@ int run_child(const Args& a) {
                         {"torch_threads", at::get_num_threads()},
                         {"blas_threads", pi0::thread_counts().blas}};
   for (const auto& [key, values] : host_s) out[key + "_median"] = summarize(values).median;
+  if (census) out["census"] = census->to_json(), out["census_text"] = census->format();
   std::ofstream(a.out) << out.dump(2) << "\n";
   return 0;
 }
@@ -352,6 +382,7 @@ nlohmann::json spawn_child(const Args& a, const std::string& precision, const st
   }
   if (!a.augment) args.push_back("--no-augment");
   if (a.save_checkpoint) args.push_back("--save-checkpoint");
+  if (a.count_ops) args.push_back("--count-ops");
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -519,6 +550,15 @@ int run_parent(Args a) {
       std::ifstream f(fs::path(dir) / "profile.txt");
       const std::string table((std::istreambuf_iterator<char>(f)), {});
       std::printf("\n### %s\n\n%s", dir.c_str(), table.empty() ? "(no profile written)\n" : phase_summary(table).c_str());
+    }
+  }
+  if (a.count_ops) {
+    std::printf("\nOperations of one forward + backward per row (--count-ops; train/step_census.h)\n");
+    for (const auto& r : rows) {
+      if (!r.contains("census_text")) continue;
+      std::printf("\n### %s, checkpointing %s, batch %lld\n\n%s", r["precision"].get<std::string>().c_str(),
+                  ckpt_label(r["checkpointing_mode"].get<std::string>(), r).c_str(),
+                  static_cast<long long>(r["batch"].get<int64_t>()), r["census_text"].get<std::string>().c_str());
     }
   }
   if (!a.json.empty()) {

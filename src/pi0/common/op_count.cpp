@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "pi0/common/check.h"
 
@@ -11,8 +12,11 @@ namespace pi0 {
 
 namespace {
 thread_local OpCount* t_count = nullptr;
+thread_local KernelTally* t_tally = nullptr;  // non-null when the counter tallies by phase and name
 thread_local int64_t t_depth = 0;
 thread_local bool t_top_may_copy = false;  // the current top operation copies only if it dispatches a computing one
+thread_local const char* t_top_name = nullptr;  // the current top operation's name (its schema's, lives on)
+thread_local std::vector<std::string>* t_phases = nullptr;  // the ProfileScope ranges open, innermost last
 
 bool in(const char* name, std::initializer_list<const char*> names) {
   for (const char* n : names)
@@ -37,16 +41,29 @@ bool may_copy(const char* name) {
                    "aten::reshape_as"});
 }
 
+void count_kernel(const char* name) {
+  ++t_count->kernels;
+  if (t_tally) {
+    const std::string phase = t_phases && !t_phases->empty() ? t_phases->back() : std::string();
+    ++(*t_tally)[{phase, name}];
+  }
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (fn.scope() == at::RecordScope::USER_SCOPE) {  // a ProfileScope (only registered for a tallying counter)
+    if (t_phases) t_phases->emplace_back(fn.name());
+    return nullptr;
+  }
   if (t_count) {
     ++t_count->all;
     const char* name = fn.name();
     if (t_depth == 0) {
       ++t_count->top;
       t_top_may_copy = may_copy(name);
-      if (!t_top_may_copy && !is_view(name)) ++t_count->kernels;
+      t_top_name = name;
+      if (!t_top_may_copy && !is_view(name)) count_kernel(name);
     } else if (t_top_may_copy && !is_view(name) && !may_copy(name)) {
-      ++t_count->kernels;  // the cast or reshape copies: one kernel, however many operations it takes
+      count_kernel(t_top_name);  // the cast or reshape copies: one kernel, however many operations it takes
       t_top_may_copy = false;
     }
   }
@@ -54,19 +71,53 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   return nullptr;
 }
 
-void on_end(const at::RecordFunction&, at::ObserverContext*) { --t_depth; }
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (fn.scope() == at::RecordScope::USER_SCOPE) {
+    if (t_phases && !t_phases->empty()) t_phases->pop_back();
+    return;
+  }
+  --t_depth;
+}
 }  // namespace
 
-OpCounter::OpCounter() {
+OpCounter::OpCounter(bool tally) {
   PI0_CHECK(t_count == nullptr, "an OpCounter is already counting on this thread");
   t_count = &count_;
   t_depth = 0;
-  handle_ = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end).scopes({at::RecordScope::FUNCTION}));
+  auto callback = at::RecordFunctionCallback(on_start, on_end);
+  if (tally) {
+    t_tally = &tally_;
+    t_phases = new std::vector<std::string>();
+    // Ranges: which phase each kernel belongs to. A range opened before the counter is not seen (its end is
+    // ignored once the list is empty).
+    callback.scopes({at::RecordScope::FUNCTION, at::RecordScope::USER_SCOPE});
+  } else {
+    callback.scopes({at::RecordScope::FUNCTION});
+  }
+  handle_ = at::addThreadLocalCallback(callback);
 }
 
 OpCounter::~OpCounter() {
   at::removeCallback(handle_);
   t_count = nullptr;
+  t_tally = nullptr;
+  delete t_phases;
+  t_phases = nullptr;
+}
+
+bool OpCounter::active() { return t_count != nullptr; }
+
+std::map<std::string, int64_t> kernels_per_phase(const KernelTally& tally) {
+  std::map<std::string, int64_t> out;
+  for (const auto& [key, n] : tally) out[key.first] += n;
+  return out;
+}
+
+std::map<std::string, int64_t> kernels_per_name(const KernelTally& tally, const std::string& phase) {
+  std::map<std::string, int64_t> out;
+  for (const auto& [key, n] : tally)
+    if (phase.empty() || key.first == phase) out[key.second] += n;
+  return out;
 }
 
 }  // namespace pi0

@@ -10,8 +10,11 @@ namespace {
 
 // Bytes one Gemma layer keeps per token of its own expert (norms, MLP, gated residuals).
 int64_t gemma_expert_bytes_per_token(const GemmaOptions& g, int64_t e, bool gated) {
-  const int64_t norms = 2 * (8 + e) * g.width;  // float32 input and normalized value, output in e
-  const int64_t mlp = 4 * e * g.mlp_dim;
+  // Each norm (nn::rms_norm) keeps its input and, for the next projection, its output, both in e (plus a float32
+  // statistic per token, negligible).
+  const int64_t norms = 2 * 2 * e * g.width;
+  // GeGLU (nn::gelu_tanh_mul) keeps the gate and up projections, the down projection its input.
+  const int64_t mlp = 3 * e * g.mlp_dim;
   return norms + mlp + (gated ? 2 * e * g.width : 0);
 }
 
@@ -23,7 +26,8 @@ int64_t attention_bytes_per_token(const GemmaOptions& g, int64_t e) {
 }  // namespace
 
 ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t num_cameras, int64_t compute_bytes,
-                                   const CheckpointedLayers& checkpointed) {
+                                   const CheckpointedLayers& checkpointed, int64_t fast_tokens,
+                                   const GradientReach& reach) {
   PI0_CHECK(batch > 0 && num_cameras > 0, "batch and num_cameras must be positive");
   const auto all = all_layers(o);
   PI0_CHECK(checkpointed.vision >= 0 && checkpointed.vision <= all.vision && checkpointed.language >= 0 &&
@@ -31,6 +35,8 @@ ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t n
             "checkpointed layers (", checkpointed.vision, ", ", checkpointed.language, ") outside 0..", all.vision,
             " and 0..", all.language);
   PI0_CHECK(compute_bytes == 2 || compute_bytes == 4, "compute_bytes must be 2 or 4 (got ", compute_bytes, ")");
+  PI0_CHECK(fast_tokens >= 0 && (fast_tokens == 0 || o.pi05),
+            "fast_tokens (knowledge insulation, pi0.5 only) must be >= 0 (got ", fast_tokens, ")");
   const int64_t e = compute_bytes;
   const auto& p = o.paligemma;
   const auto& x = o.action_expert;
@@ -40,28 +46,44 @@ ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t n
   const int64_t ts = o.action_horizon + (o.pi05 ? 0 : 1);     // suffix tokens
   const int64_t t = tp + ts;
   const int64_t images = batch * num_cameras;
+  const int64_t f = fast_tokens;
+  const bool ki = f > 0;
+  const int64_t tb = tp + f;  // the backbone's rows: the prefix and, with knowledge insulation, the FAST block
+  // With knowledge insulation, pass 2 concatenates a copy of the detached P keys/values before the suffix's.
+  const int64_t kv_p = 2 * e * p.num_kv_heads * p.head_dim;  // bytes of one token's keys and values in one layer
+  const int64_t kv_copy = ki ? batch * kv_p * tp : 0;
 
-  // One joint layer (both experts) and one SigLIP layer over the whole batch.
-  const int64_t logits = batch * p.num_heads * t * t;
+  // One joint layer (both experts; with knowledge insulation a pass-1 layer and a pass-2 layer) and one SigLIP layer
+  // over the whole batch.
+  const int64_t logits = ki ? batch * p.num_heads * (tb * tb + ts * t) : batch * p.num_heads * t * t;
+  const int64_t largest_logits = ki ? batch * p.num_heads * std::max(tb * tb, ts * t) : logits;
   const int64_t per_logit = e == 4 ? 4 : 4 + e;  // float32 softmax output (+ its cast to e when that is a copy)
-  const int64_t joint_layer = batch * (tp * gemma_expert_bytes_per_token(p, e, false) +
+  // A part backward does not reach keeps nothing (GradientReach).
+  const int64_t joint_layer = batch * ((reach.prefix ? tb * gemma_expert_bytes_per_token(p, e, false) : 0) +
                                        ts * gemma_expert_bytes_per_token(x, e, o.pi05) +
-                                       t * attention_bytes_per_token(p, e)) +
-                              logits * per_logit;
+                                       (tb + ts) * attention_bytes_per_token(p, e)) +
+                              logits * per_logit + kv_copy;
   const int64_t vision_heads = s.num_heads;
-  const int64_t vision_layer = images * patches * (2 * (4 + e) * s.width + 4 * e * s.width + 2 * e * s.mlp_dim) +
-                               images * vision_heads * patches * patches * per_logit;
-  // Inputs the checkpointed layers keep: the residual streams in e (and the [B,We] adaRMS condition, negligible).
-  const int64_t joint_inputs = batch * (tp * p.width + ts * x.width) * e;
-  const int64_t vision_inputs = images * patches * s.width * e;
+  const int64_t vision_layer =
+      reach.vision ? images * patches * (2 * (4 + e) * s.width + 4 * e * s.width + 2 * e * s.mlp_dim) +
+                         images * vision_heads * patches * patches * per_logit
+                   : 0;
+  // Inputs the checkpointed layers keep: the residual streams in e (and the [B,We] adaRMS condition, negligible);
+  // with knowledge insulation also each pass-1 layer's cached keys/values, which pass 2 reads.
+  const int64_t joint_inputs = batch * (tb * p.width + ts * x.width) * e + (ki ? batch * kv_p * tb : 0);
+  const int64_t vision_inputs = reach.vision ? images * patches * s.width * e : 0;
   // Around the layers: image patches, the SigLIP output and projection, the prefix embedding, the final norms.
-  const int64_t outside = images * patches * (3 * s.patch_size * s.patch_size * 4 + 2 * s.width * e + p.width * e) +
-                          batch * (tp * p.width + ts * x.width) * (8 + e);
+  const int64_t outside = (reach.vision ? images * patches * (3 * s.patch_size * s.patch_size * 4 + 2 * s.width * e +
+                                                              p.width * e)
+                                        : 0) +
+                          batch * (tb * p.width + ts * x.width) * (8 + e);
+  // The FAST cross-entropy's float32 logits at every target row (B·F of them at most), kept for the log-softmax.
+  const int64_t ce_logits = batch * f * p.vocab_size * 4;
 
   // The model never recomputes the last joint layer, so depth − 1 and depth checkpointed joint layers are the same
   // run: both are planned as the whole stack checkpointed, whose figure counts the last layer as its input (its
   // tensors and a recomputed layer are never alive together, and the recomputed-layer term covers them).
-  const int64_t cv = checkpointed.vision;
+  const int64_t cv = reach.vision ? checkpointed.vision : 0;  // a frozen SigLIP is never recomputed
   const int64_t cl = checkpointed.language > 0 && checkpointed.language >= p.depth - 1 ? p.depth : checkpointed.language;
   const int64_t inputs = cv * vision_inputs + cl * joint_inputs;
   const int64_t whole_vision = (s.depth - cv) * vision_layer, whole_joint = (p.depth - cl) * joint_layer;
@@ -72,17 +94,21 @@ ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t n
   if (cl > 0) held = std::max(held, whole_vision + joint_layer);
   if (cv > 0) held = std::max(held, vision_layer);
   ActivationMemory m;
-  m.saved = inputs + outside + held;
-  m.last_layer = vision_layer;
-  // The float32 logits of one layer and their gradient in backward, or SigLIP's for all images.
-  m.transient = 8 * std::max(logits, images * vision_heads * patches * patches);
+  m.saved = inputs + outside + held + ce_logits;
+  m.last_layer = reach.vision ? vision_layer : joint_layer;  // the first layer backward differentiates
+  // The float32 logits of one layer and their gradient in backward, or SigLIP's for all images, or one chunk of the
+  // FAST cross-entropy's logits with their gradient.
+  m.transient = 8 * std::max({largest_logits, reach.vision ? images * vision_heads * patches * patches : 0,
+                              std::min(kKiLogitChunk, batch * f) * p.vocab_size});
+  m.ki_logits = ce_logits;
+  m.ki_kv_copies = (p.depth - cl) * kv_copy;
   return m;
 }
 
 ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t num_cameras, int64_t compute_bytes,
-                                   bool checkpointing) {
+                                   bool checkpointing, int64_t fast_tokens, const GradientReach& reach) {
   return activation_memory(o, batch, num_cameras, compute_bytes,
-                           checkpointing ? all_layers(o) : CheckpointedLayers{});
+                           checkpointing ? all_layers(o) : CheckpointedLayers{}, fast_tokens, reach);
 }
 
 }  // namespace pi0::model

@@ -23,6 +23,18 @@
 // that layer's weights, so the step's peak is the larger of "all activations, no gradients yet" and "all
 // gradients, plus what the last layer to be differentiated still holds" (train::MemoryPlan::peak_bytes). Biases, LoRA factors (rank ≪ W), norms' per-row statistics
 // and the loss's O(B·H·A) tensors are left out: they are < 1 % at the sizes that matter.
+//
+// Knowledge insulation (train.ki, docs/ki.md: Pi0Impl::compute_ki_loss) replaces the joint pass by two passes and
+// adds, with F = train.ki.max_fast_tokens and Tp' = Tp + F:
+//   pass 1 (backbone)  Tp' prefix tokens through the prefix expert: the Gemma terms above at Tp', its attention
+//                      logits N·Tp'²
+//   pass 2 (expert)    the Ts suffix tokens against the P keys/values: logits N·Ts·(Tp + Ts), and per layer a copy of
+//                      the detached P keys and values, concatenated before the suffix's for the attention and kept
+//                      for its backward: 2e·K·D·Tp per sample ("detached K/V copies")
+//   checkpointed       a recomputed pass-1 layer's cached keys/values stay alive for pass 2: 2e·K·D·Tp' per sample
+//   CE logits          float32 logits over the vocabulary at every FAST target row, B·F·V·4, kept for the
+//                      log-softmax's backward (computed only at those rows, in chunks of 256 rows, which bounds the
+//                      transient: the logits' gradient and exp of one chunk, 8·min(256, B·F)·V)
 #pragma once
 #include <cstdint>
 
@@ -36,15 +48,35 @@ struct ActivationMemory {
   int64_t last_layer = 0;  ///< still alive when backward reaches the first layer (the recomputed layer, with
                            ///< checkpointing; else the first SigLIP layer's tensors)
   int64_t transient = 0;  ///< the largest short-lived working set on top (attention logits of one layer)
+  /// Knowledge insulation's own terms, parts of `saved` (0 without it): the float32 CE logits at the FAST target
+  /// rows, and the detached prefix key/value copies of the expert's pass (of the layers whole at the peak).
+  int64_t ki_logits = 0, ki_kv_copies = 0;
   int64_t peak() const { return saved + transient; }
 };
 
+/// Which parts of the model backward reaches (train::plan_memory derives it from the trainable flags). A part no
+/// gradient passes through records no graph, so it keeps nothing for backward and nn::checkpoint never recomputes
+/// it: a frozen SigLIP under `lora-only`, `freeze-vision` or `action-expert-only`; the prefix expert's own tensors
+/// (norms, MLP) when nothing at or below it trains (`action-expert-only`, `projection-only`). The joint attention
+/// keeps its tensors whenever the suffix trains (its queries, keys and values are one tensor each).
+struct GradientReach {
+  bool vision = true;  ///< some SigLIP parameter trains
+  bool prefix = true;  ///< the prefix tokens' hidden states need gradients (SigLIP, the projector, the embedding or
+                       ///< a prefix Gemma parameter or LoRA factor trains)
+};
+
+/// Rows of the FAST cross-entropy's logits computed at once (Pi0Impl::compute_ki_loss's default chunk).
+constexpr int64_t kKiLogitChunk = 256;
+
 /// Estimate for a batch of `batch` samples with `num_cameras` images each, computing in `compute_bytes`-byte
 /// elements (2 or 4), with the layers of `checkpointed` recomputed in backward (each count 0 to its stack's depth).
+/// `fast_tokens`: train.ki.max_fast_tokens with knowledge insulation on (pi0.5 only), 0 without it.
+/// `reach`: the parts backward reaches (by default all: a full fine-tune).
 ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t num_cameras, int64_t compute_bytes,
-                                   const CheckpointedLayers& checkpointed);
+                                   const CheckpointedLayers& checkpointed, int64_t fast_tokens = 0,
+                                   const GradientReach& reach = {});
 /// The same with every layer checkpointed (all_layers(o)) or none.
 ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t num_cameras, int64_t compute_bytes,
-                                   bool checkpointing);
+                                   bool checkpointing, int64_t fast_tokens = 0, const GradientReach& reach = {});
 
 }  // namespace pi0::model

@@ -58,7 +58,18 @@ torch::Tensor DenseImpl::forward(const torch::Tensor& x) {
   auto y = nn::linear(x, w, b);
   if (lora_a.defined()) {
     auto a = cast(lora_a, dtype, cast_a, cache), bb = cast(lora_b, dtype, cast_bb, cache);
-    y = y + nn::linear(nn::linear(x, a), bb) * lora_scaling;
+    auto h = nn::linear(x, a);  // [..., rank]
+    // The scaling costs a pass over the [..., out] product and another over its gradient. openpi's variants have
+    // alpha = rank: a scaling of 1 is skipped; a power of two ≥ 1 scales the rank-wide h instead, which gives the same
+    // bits forward and backward (multiplying by 2^k commutes with every rounding, and ≥ 1 cannot underflow); any
+    // other scaling stays where it was.
+    if (lora_scaling == 1.0) {
+      y = y + nn::linear(h, bb);
+    } else if (lora_scaling_is_exact_on_h()) {
+      y = y + nn::linear(h * lora_scaling, bb);
+    } else {
+      y = y + nn::linear(h, bb) * lora_scaling;
+    }
   }
   return y;
 }
@@ -83,6 +94,15 @@ void set_cast_cache(torch::nn::Module& module, bool enabled) {
   });
 }
 
+int64_t cast_cache_bytes(torch::nn::Module& module) {
+  int64_t bytes = 0;
+  for_each_dense(module, [&bytes](DenseImpl& d) {
+    for (const CachedCast* c : {&d.cast_w, &d.cast_b, &d.cast_a, &d.cast_bb})
+      if (c->value.defined()) bytes += c->value.numel() * static_cast<int64_t>(c->value.element_size());
+  });
+  return bytes;
+}
+
 void DenseImpl::enable_lora(int64_t rank, double alpha) {
   TORCH_CHECK(rank > 0, "LoRA rank must be positive");
   auto opts = weight.options().requires_grad(false);
@@ -91,6 +111,11 @@ void DenseImpl::enable_lora(int64_t rank, double alpha) {
   lora_a = register_parameter("lora_a", torch::randn({rank, options.in_features()}, opts) * 0.01);
   lora_b = register_parameter("lora_b", torch::randn({options.out_features(), rank}, opts) * 0.01);
   lora_scaling = alpha / static_cast<double>(rank);
+}
+
+bool DenseImpl::lora_scaling_is_exact_on_h() const {
+  int exponent = 0;
+  return lora_scaling >= 1.0 && std::frexp(lora_scaling, &exponent) == 0.5;
 }
 
 void DenseImpl::merge_lora() {

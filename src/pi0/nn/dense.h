@@ -34,7 +34,8 @@ class DenseImpl : public torch::nn::Module {
   void initialize();
   /// x [..., in] → [..., out] in x's dtype.
   torch::Tensor forward(const torch::Tensor& x);
-  /// Adds LoRA factors (lora_a [rank,in], lora_b [out,rank]); output += scaling · (x·Aᵀ)·Bᵀ.
+  /// Adds LoRA factors (lora_a [rank,in], lora_b [out,rank]); output += scaling · (x·Aᵀ)·Bᵀ (computed as
+  /// (scaling · x·Aᵀ)·Bᵀ when the scaling is a power of two ≥ 1, not at all when it is 1: the same bits, less work).
   void enable_lora(int64_t rank, double alpha);
   bool has_lora() const { return lora_a.defined(); }
   /// Folds the LoRA product into `weight` (used at export); afterwards the layer has no LoRA.
@@ -43,6 +44,8 @@ class DenseImpl : public torch::nn::Module {
   DenseOptions options;
   torch::Tensor weight, bias, lora_a, lora_b;
   double lora_scaling = 0.0;
+  /// Whether lora_scaling is a power of two ≥ 1, so forward() can apply it to x·Aᵀ with the same result.
+  bool lora_scaling_is_exact_on_h() const;
 
   /// Cast cache (bf16 compute over float32 master weights): forward() casts each parameter once and reuses the
   /// copy until the parameter changes, so a training step casts once per optimizer step — not once per forward
@@ -64,6 +67,8 @@ int64_t merge_all_lora(torch::nn::Module& module);
 void clear_cast_cache(torch::nn::Module& module);
 /// Turns the cast cache on or off for every Dense in `module` (off: a cast per use, the lowest memory).
 void set_cast_cache(torch::nn::Module& module, bool enabled);
+/// Bytes of the cast copies every Dense in `module` holds now (train::StepCensus reports them).
+int64_t cast_cache_bytes(torch::nn::Module& module);
 
 /// tanh-approximated GELU (flax `nn.gelu` default, HF `gelu_pytorch_tanh`).
 torch::Tensor gelu_tanh(const torch::Tensor& x);

@@ -67,12 +67,16 @@ namespace {
 const int64_t kPlannedCameras = static_cast<int64_t>(model::kCameraNames.size());
 
 // The activations of one micro-batch of `micro_batch` samples under cfg's precision, with the layers of
-// `checkpointed` recomputed in backward (by default train.gradient_checkpointing as written).
+// `checkpointed` recomputed in backward (by default train.gradient_checkpointing as written), for the parts backward
+// reaches (by default gradient_reach(cfg); callers planning many splits pass it once).
 model::ActivationMemory planned_activations(const config::Config& cfg, int64_t micro_batch,
-                                            std::optional<model::CheckpointedLayers> checkpointed = std::nullopt) {
+                                            std::optional<model::CheckpointedLayers> checkpointed = std::nullopt,
+                                            std::optional<model::GradientReach> reach = std::nullopt) {
   return model::activation_memory(model::options_from_config(cfg.model), micro_batch, kPlannedCameras,
                                   cfg.train.precision == "float32" ? 4 : 2,
-                                  checkpointed ? *checkpointed : planned_checkpointing(cfg));
+                                  checkpointed ? *checkpointed : planned_checkpointing(cfg),
+                                  cfg.train.ki.enabled ? cfg.train.ki.max_fast_tokens : 0,
+                                  reach ? *reach : gradient_reach(cfg));
 }
 
 // The layer a parameter belongs to ("...layers.12"), or its module path outside the layer stacks.
@@ -98,6 +102,21 @@ int64_t gradients_in_flight_to_host(const PlacementTable& table) {
 }
 }  // namespace
 
+model::GradientReach gradient_reach(const PlacementTable& table) {
+  model::GradientReach reach{false, false};
+  for (const auto& p : table.params) {
+    if (!p.trainable) continue;
+    // A LoRA factor belongs to the layer it adapts (freeze.h's rule).
+    const auto lora = p.name.find(".lora_");
+    const auto c = model::component_of(lora == std::string::npos ? p.name : p.name.substr(0, lora) + ".weight");
+    if (p.name.find(".vision_tower.") != std::string::npos) reach.vision = true;
+    if (c == "vision" || c == "language" || c == "embedding") reach.prefix = true;
+  }
+  return reach;
+}
+
+model::GradientReach gradient_reach(const config::Config& cfg) { return gradient_reach(make_placement(cfg)); }
+
 model::CheckpointedLayers planned_checkpointing(const config::Config& cfg) {
   return cfg.train.gradient_checkpointing == "true" ? model::all_layers(model::options_from_config(cfg.model))
                                                     : model::CheckpointedLayers{};
@@ -120,7 +139,7 @@ MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size,
   plan.micro_batch = config::micro_batch_size(cfg.train, world_size);
   plan.num_cameras = kPlannedCameras;
   plan.checkpointed = checkpointed ? *checkpointed : planned_checkpointing(cfg);
-  plan.activations = planned_activations(cfg, plan.micro_batch, plan.checkpointed);
+  plan.activations = planned_activations(cfg, plan.micro_batch, plan.checkpointed, gradient_reach(table));
   // The floor was measured with batches of one sample; larger batches add their queued and in-flight images
   // (without workers the loader builds one batch at a time on the trainer's thread).
   const int64_t local_batch = plan.micro_batch;  // what the loader builds per next()
@@ -280,8 +299,11 @@ model::CheckpointedLayers choose_checkpointed_layers(const config::Config& cfg, 
   const int64_t micro_batch = config::micro_batch_size(cfg.train, world_size);
   const RankMemory rank = plan_rank_memory(cfg, world_size, offload);
   const int64_t budget = device_bytes - kCardReserveBytes;
+  // A frozen part keeps nothing (model::GradientReach): recomputing its layers would free nothing, so no split that
+  // does is chosen, and what a frozen part leaves unused goes to recomputing fewer of the others.
+  const auto reach = gradient_reach(cfg);
   auto peak = [&](const model::CheckpointedLayers& c) {
-    return rank.peak_bytes(planned_activations(cfg, micro_batch, c));
+    return rank.peak_bytes(planned_activations(cfg, micro_batch, c, reach));
   };
   // Recomputing a layer costs its forward pass once more. At pi0's sizes a SigLIP layer frees about a quarter of a
   // joint layer's bytes for about an eighth of its FLOPs (its attention probabilities are large for its width), so
@@ -555,6 +577,18 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
                        static_cast<long long>(plan.micro_batch), static_cast<long long>(plan.num_cameras),
                        cfg.train.precision.c_str(), checkpointing.c_str(), gib(plan.activations.saved),
                        gib(plan.activations.transient));
+  if (cfg.train.ki.enabled) {
+    // What knowledge insulation adds, against the same step without it (model/activation_memory.h).
+    const auto off = model::activation_memory(model::options_from_config(cfg.model), plan.micro_batch,
+                                              plan.num_cameras, cfg.train.precision == "float32" ? 4 : 2,
+                                              plan.checkpointed, 0, gradient_reach(cfg));
+    out += printf_string("  of which knowledge insulation (train.ki, %lld FAST tokens per sample): %.2f GiB kept (%.2f "
+                         "GiB float32 CE logits at the FAST target rows, %.2f GiB detached prefix K/V copies, the "
+                         "rest the FAST tokens in the backbone's pass) + %.2f GiB transient\n",
+                         static_cast<long long>(cfg.train.ki.max_fast_tokens),
+                         gib(plan.activations.saved - off.saved), gib(plan.activations.ki_logits),
+                         gib(plan.activations.ki_kv_copies), gib(plan.activations.transient - off.transient));
+  }
   if (cfg.train.device.rfind("cuda", 0) == 0) {
     // Tensors live on the GPU there; the host-side runtime and glibc slack terms were calibrated on CPU runs.
     out += printf_string("predicted training peak%s: %.2f GiB of tensors on the GPU (+ the CUDA context and the "
@@ -594,6 +628,11 @@ nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size,
   j["micro_batch"] = plan.micro_batch;
   j["activation_bytes"] = plan.activations.saved;
   j["activation_transient_bytes"] = plan.activations.transient;
+  if (cfg.train.ki.enabled) {
+    j["ki_fast_tokens"] = cfg.train.ki.max_fast_tokens;
+    j["ki_logit_bytes"] = plan.activations.ki_logits;
+    j["ki_kv_copy_bytes"] = plan.activations.ki_kv_copies;
+  }
   j["peak_bytes"] = r.peak;  // tensors only: what the allocator holds
   j["per_rank"] = rank_memory_json(r.rank);
   j["runtime_bytes"] = plan.runtime_bytes;

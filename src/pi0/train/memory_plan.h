@@ -89,6 +89,13 @@ MemoryPlan plan_memory(const config::Config& cfg, int64_t world_size = 1,
 /// (choose_checkpointed_layers).
 model::CheckpointedLayers planned_checkpointing(const config::Config& cfg);
 
+/// The parts of the model backward reaches under `table`'s trainable flags (model/activation_memory.h): SigLIP when a
+/// SigLIP parameter trains; the prefix expert's tokens when anything of the vision, embedding or language components
+/// (LoRA factors by the layer they adapt) trains. What the activation plan counts.
+model::GradientReach gradient_reach(const PlacementTable& table);
+/// The same for a config's placement (make_placement(cfg)).
+model::GradientReach gradient_reach(const config::Config& cfg);
+
 /// For the log and the report: "on" (every layer), "off", or "12 of 27 vision, 10 of 18 language layers".
 std::string describe_checkpointing(const config::Config& cfg, const model::CheckpointedLayers& layers);
 

@@ -5,6 +5,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/common/op_count.h"
+#include "pi0/common/profiler.h"
 
 using namespace pi0;
 
@@ -45,4 +46,43 @@ TEST_CASE("OpCounter's kernels leave out views and casts or reshapes that do not
   auto sum = v + 1;                                   // computes: one
   CHECK(counter.count().kernels == 3);
   CHECK(cast.numel() + copied.numel() + sum.numel() + same.numel() > 0);
+}
+
+TEST_CASE("OpCounter's tally: kernels by the innermost ProfileScope open and by operation name", "[unit][common]") {
+  const auto a = torch::randn({4, 4});
+  KernelTally tally;
+  {
+    ProfileScope before("pi0::before");  // opened before the counter: not a phase it sees
+    OpCounter counter(/*tally=*/true);
+    auto c = a + a;  // outside every range the counter saw open
+    {
+      ProfileScope outer(pi0::phase::kBackward);
+      c = torch::mm(c, a);
+      {
+        ProfileScope inner(pi0::phase::kRecompute);
+        c = c.to(torch::kFloat64);  // copies: one kernel, under its own name
+        c = c * 2;
+      }
+      c = c.view({16});  // a view: no kernel
+    }
+    CHECK(counter.count().kernels == 4);
+    tally = counter.tally();
+  }
+  CHECK(tally.size() == 4);
+  CHECK(tally.at({"", "aten::add"}) == 1);
+  CHECK(tally.at({pi0::phase::kBackward, "aten::mm"}) == 1);
+  CHECK(tally.at({pi0::phase::kRecompute, "aten::to"}) == 1);
+  CHECK(tally.at({pi0::phase::kRecompute, "aten::mul"}) == 1);
+  CHECK(kernels_per_phase(tally) == std::map<std::string, int64_t>{{"", 1}, {pi0::phase::kBackward, 1},
+                                                                    {pi0::phase::kRecompute, 2}});
+  CHECK(kernels_per_name(tally, pi0::phase::kRecompute) ==
+        std::map<std::string, int64_t>{{"aten::mul", 1}, {"aten::to", 1}});
+  CHECK(kernels_per_name(tally).size() == 4);
+  // Without a tally nothing is kept by name.
+  OpCounter plain;
+  auto d = a + a;
+  CHECK(d.numel() == 16);
+  CHECK(plain.tally().empty());
+  CHECK(plain.count().kernels == 1);
+  CHECK(OpCounter::active());
 }
