@@ -562,6 +562,42 @@ int64_t micro_batch_size(const TrainConfig& t, int64_t world_size) {
   return t.batch_size / per_step;
 }
 
+namespace {
+
+// model.type pi0_fast (docs/pi0_fast.md): what it needs, and the settings that belong to the flow-matching models'
+// action expert or to parts of the trainer pi0-FAST does not run, refused rather than silently ignored.
+void validate_pi0_fast(const Config& c) {
+  const auto& m = c.model;
+  const auto& t = c.train;
+  require_plain_path("model.fast_tokenizer", m.fast_tokenizer);
+  if (m.type != "pi0_fast") {
+    require(m.fast_tokenizer.empty(), "model.fast_tokenizer", quote_value(m.fast_tokenizer),
+            "empty with model.type " + m.type + " (pi0_fast only; pi0.5's insulation reads train.ki.fast_tokenizer)");
+    return;
+  }
+  require(!m.fast_tokenizer.empty(), "model.fast_tokenizer", "''",
+          "a FAST tokenizer folder (processor_config.json + tokenizer.json) with model.type pi0_fast");
+  require(m.max_decoding_steps > 0, "model.max_decoding_steps", m.max_decoding_steps, "> 0");
+  require(m.temperature >= 0, "model.temperature", m.temperature, ">= 0 (0 = greedy)");
+  require(t.rtc_max_delay == 0, "train.rtc_max_delay", t.rtc_max_delay,
+          "0 with model.type pi0_fast (real-time chunking trains the flow-matching expert)");
+  require(t.loss_mask.empty(), "train.loss_mask", quote_value(t.loss_mask.empty() ? "" : t.loss_mask[0]),
+          "[] with model.type pi0_fast (its loss is over FAST tokens, not action positions)");
+  for (const char* preset : {"action-expert-only", "projection-only"}) {
+    require(t.freeze != preset, "train.freeze", quote_value(t.freeze),
+            "full, +vision, +language, freeze-vision, lora or lora-only with model.type pi0_fast (it has no action "
+            "expert or action projections)");
+  }
+  require(t.offload == "none", "train.offload", quote_value(t.offload),
+          "none with model.type pi0_fast (the host update is not wired to its forward)");
+  require(t.gradient_checkpointing != "auto", "train.gradient_checkpointing", "'auto'",
+          "true or false with model.type pi0_fast (the memory plan does not model it)");
+  require(!validation_enabled(c), "data.validation_split", c.data.validation_split,
+          "0 and no validation_episodes with model.type pi0_fast (validation passes are flow-matching ones)");
+}
+
+}  // namespace
+
 void validate(const Config& c) {
   {
     FiniteChecker finite;
@@ -569,7 +605,8 @@ void validate(const Config& c) {
     copy.visit(finite);
   }
   const auto& m = c.model;
-  require(m.type == "pi0" || m.type == "pi05", "model.type", "'" + m.type + "'", "pi0 or pi05");
+  require(m.type == "pi0" || m.type == "pi05" || m.type == "pi0_fast", "model.type", "'" + m.type + "'",
+          "pi0, pi05 or pi0_fast");
   require(m.vocab_size > 0, "model.vocab_size", m.vocab_size, "> 0");
   require(m.image_size > 0, "model.image_size", m.image_size, "> 0");
   require(m.action_dim > 0, "model.action_dim", m.action_dim, "> 0");
@@ -701,6 +738,18 @@ void validate(const Config& c) {
             "> 0 when train.ki.flow_weight is 0 (nothing would train)");
   }
   require_plain_path("train.ki.fast_tokenizer", t.ki.fast_tokenizer);
+  validate_pi0_fast(c);
+  if (t.subtask.enabled) {
+    // The block sits in pi0.5's prefix and is read by its adaRMS expert, as the pi0.5 paper trains it.
+    require(c.model.type == "pi05", "train.subtask.enabled", "true with model.type '" + c.model.type + "'",
+            "model.type pi05 (subtask prediction trains pi0.5)");
+    require(!t.subtask.key.empty(), "train.subtask.key", "''",
+            "the data key holding each frame's subtask (a lerobot column, an HDF5 dataset or attribute)");
+    require(t.subtask.max_tokens >= 2, "train.subtask.max_tokens", t.subtask.max_tokens,
+            ">= 2 (at least one subtask token and EOS)");
+    require(t.subtask.weight >= 0 && std::isfinite(t.subtask.weight), "train.subtask.weight", t.subtask.weight,
+            "a finite number >= 0");
+  }
   const auto& k = c.checkpoint;
   require(!k.run_dir.empty(), "checkpoint.run_dir", "''", "a directory path");
   require_plain_path("checkpoint.run_dir", k.run_dir);

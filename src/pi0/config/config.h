@@ -44,7 +44,7 @@ struct SiglipSpec : SiglipDims {
 };
 
 struct ModelConfig {
-  std::string type = "pi0";                          // pi0 | pi05
+  std::string type = "pi0";                          // pi0 | pi05 | pi0_fast
   GemmaSpec paligemma_variant = "gemma_2b";
   GemmaSpec action_expert_variant = "gemma_300m";
   SiglipSpec siglip_variant = "So400m/14";
@@ -52,12 +52,17 @@ struct ModelConfig {
   int64_t image_size = 224;
   int64_t action_dim = 32;
   int64_t action_horizon = 50;
-  int64_t max_token_len = 0;  // 0 → 48 (pi0) or 200 (pi05)
+  int64_t max_token_len = 0;  // 0 → 48 (pi0), 200 (pi05) or 250 (pi0_fast)
   std::string attention = "auto";
+  /// pi0_fast: the FAST tokenizer folder (processor_config.json + tokenizer.json, docs/fast.md), e.g. "fast/".
+  std::string fast_tokenizer;
+  int64_t max_decoding_steps = 256;  ///< pi0_fast: tokens generated at most per inference (openpi's 256)
+  double temperature = 0.0;          ///< pi0_fast: 0 = greedy decoding (openpi's default), else softmax(logits / T)
 
   template <class V>
   void visit(V& v) {
-    v("type", type, "model family: pi0 (state token, action-time MLP) or pi05 (adaRMS time conditioning)");
+    v("type", type, "model family: pi0 (state token, action-time MLP), pi05 (adaRMS time conditioning) or pi0_fast "
+                    "(PaliGemma alone predicts FAST action tokens, docs/pi0_fast.md)");
     v("paligemma_variant", paligemma_variant, "prefix Gemma: gemma_2b, gemma_2b_lora, dummy, or a map of dimensions (docs/config.md)");
     v("action_expert_variant", action_expert_variant, "action expert Gemma: gemma_300m, gemma_300m_lora, dummy, or a map of dimensions (docs/config.md)");
     v("siglip_variant", siglip_variant, "vision tower: So400m/14 (released models), small/14, tiny/14, or a map of dimensions");
@@ -65,8 +70,14 @@ struct ModelConfig {
     v("image_size", image_size, "square image side fed to SigLIP, a multiple of the patch size (224)");
     v("action_dim", action_dim, "state and actions are zero-padded to this many dims (32)");
     v("action_horizon", action_horizon, "actions per chunk H (50)");
-    v("max_token_len", max_token_len, "prompt tokens incl. padding; 0 = 48 for pi0, 200 for pi05");
+    v("max_token_len", max_token_len, "prompt tokens incl. padding; 0 = 48 for pi0, 200 for pi05, 250 for pi0_fast "
+                                      "(whose tokens also hold the state and the FAST action tokens)");
     v("attention", attention, "joint attention: auto (SDPA on CUDA with LibTorch >= 2.1, else explicit), explicit (reference arithmetic) or sdpa");
+    v("fast_tokenizer", fast_tokenizer, "pi0_fast only: FAST tokenizer folder (processor_config.json + "
+                                        "tokenizer.json, docs/fast.md); its ids map into the PaliGemma vocabulary as "
+                                        "openpi's pi0-FAST");
+    v("max_decoding_steps", max_decoding_steps, "pi0_fast only: tokens generated at most per inference (256)");
+    v("temperature", temperature, "pi0_fast only: sampling temperature at inference; 0 = greedy (openpi's default)");
   }
 };
 
@@ -211,6 +222,32 @@ struct KiConfig {
   }
 };
 
+/// train.subtask: subtask prediction (pi0.5 paper): a text block [cue; subtask; EOS] after the prompt, causal,
+/// trained by cross-entropy through the tied embedding and read by the action expert (docs/subtask.md). At inference
+/// the model first decodes the subtask greedily, then samples actions after it.
+struct SubtaskConfig {
+  bool enabled = false;
+  std::string key;             ///< data source, e.g. "subtask_index" (lerobot column, HDF5 dataset or attribute)
+  int64_t max_tokens = 32;     ///< T: cue + subtask text + EOS, right-padded
+  double weight = 1.0;         ///< w_sub
+  std::string cue = "Subtask: ";
+
+  template <class V>
+  void visit(V& v) {
+    v("enabled", enabled, "subtask prediction (model.type pi05 only): a text block [cue; subtask; EOS] after the "
+                          "prompt, trained by cross-entropy and seen by the action expert; inference decodes it "
+                          "first (docs/subtask.md)");
+    v("key", key, "where each frame's subtask text is: lerobot, a per-frame integer column indexing meta/tasks; "
+                  "libero HDF5, a per-frame integer dataset under each demo indexing the JSON list in the demo's "
+                  "(or data's) attribute of the same name, or a string attribute of the demo (one subtask per "
+                  "episode); an empty text leaves the block all padding");
+    v("max_tokens", max_tokens, "length of the subtask block (the cue's tokens, the text's and EOS, right-padded); "
+                                "longer blocks are truncated (counted, warned once); also the decoding limit");
+    v("weight", weight, "weight of the subtask cross-entropy in the loss");
+    v("cue", cue, "text before the subtask (its tokens are fed, not predicted)");
+  }
+};
+
 struct TrainConfig {
   int64_t num_steps = 30000;
   int64_t batch_size = 32;
@@ -247,6 +284,7 @@ struct TrainConfig {
   int64_t val_samples = 64;
   bool tensorboard = false;
   KiConfig ki;
+  SubtaskConfig subtask;
 
   template <class V>
   void visit(V& v) {
@@ -296,6 +334,7 @@ struct TrainConfig {
                                   "into checkpoint.run_dir: every metrics.jsonl value at its step and the first "
                                   "batch's camera views at step 0; rank 0 only. See docs/formats.md");
     v.section("ki", ki);
+    v.section("subtask", subtask);
   }
 };
 

@@ -161,6 +161,12 @@ model::Batch pinned(const model::Batch& b) {
   out.action_rows = pin(b.action_rows);
   out.action_dims = pin(b.action_dims);
   if (b.fast_tokens.defined()) out.fast_tokens = pin(b.fast_tokens), out.fast_mask = pin(b.fast_mask);
+  if (b.token_ar_mask.defined()) out.token_ar_mask = pin(b.token_ar_mask), out.token_loss_mask = pin(b.token_loss_mask);
+  if (b.subtask_tokens.defined()) {
+    out.subtask_tokens = pin(b.subtask_tokens);
+    out.subtask_mask = pin(b.subtask_mask);
+    out.subtask_targets = pin(b.subtask_targets);
+  }
   return out;
 }
 }  // namespace

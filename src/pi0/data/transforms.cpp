@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "pi0/common/check.h"
+#include "pi0/data/fast_prompt.h"
 #include "pi0/data/fast_tokenizer.h"
 #include "pi0/data/tokenizer.h"
 
@@ -334,9 +335,9 @@ void augment_image(torch::Tensor& chw, bool wrist, Rng& rng, const AugmentOption
 
 TransformOptions TransformOptions::resolved() const {
   TransformOptions o = *this;
-  if (o.model_type != "pi0" && o.model_type != "pi05")
-    throw UserError("model.type: got '" + o.model_type + "', expected pi0 or pi05");
-  if (o.max_token_len == 0) o.max_token_len = o.model_type == "pi0" ? 48 : 200;
+  if (o.model_type != "pi0" && o.model_type != "pi05" && o.model_type != "pi0_fast")
+    throw UserError("model.type: got '" + o.model_type + "', expected pi0, pi05 or pi0_fast");
+  if (o.max_token_len == 0) o.max_token_len = o.model_type == "pi0" ? 48 : o.model_type == "pi05" ? 200 : 250;
   if (o.max_token_len < 1)
     throw UserError("model.max_token_len: got " + std::to_string(o.max_token_len) + ", expected >= 1");
   if (o.norm == "auto") o.norm = o.model_type == "pi0" ? "zscore" : "quantile";
@@ -355,6 +356,8 @@ NormMode TransformOptions::norm_mode() const {
 SampleTransform::SampleTransform(TransformOptions options, NormStats stats, std::shared_ptr<const Tokenizer> tokenizer)
     : options_(options.resolved()), stats_(std::move(stats)), tokenizer_(std::move(tokenizer)) {
   PI0_CHECK(tokenizer_ != nullptr, "SampleTransform needs a tokenizer");
+  PI0_CHECK((options_.model_type == "pi0_fast") == (options_.fast_prompt != nullptr),
+            "a FastPromptTokenizer is needed with model type pi0_fast, and only there");
   if (options_.fast_tokenizer) {
     PI0_CHECK(options_.max_fast_tokens > 0, "a FAST block needs max_fast_tokens > 0");
     // openpi's pi0-FAST postfix ends with spm.encode("|", add_eos=True).
@@ -396,15 +399,27 @@ ProcessedSample SampleTransform::operator()(const RawSample& raw, std::optional<
     state = normalize(state, stats_.at("state"), mode, src + ": key norm_stats.state");
     actions = normalize(actions, stats_.at("actions"), mode, src + ": key norm_stats.actions");
   }
-  const bool discrete_state = options_.model_type == "pi05" && options_.discrete_state_input;
-  TokenizedPrompt tp = tokenizer_->tokenize(raw.prompt, options_.max_token_len, discrete_state ? state : torch::Tensor());
-  out.tokens = tp.tokens;
-  out.token_mask = tp.mask;
+  if (options_.fast_prompt) {
+    // openpi's pi0-FAST: prompt, state bins and the FAST tokens of the robot's own action dims in one token row
+    // (its transforms pad neither state nor actions).
+    auto ft = options_.fast_prompt->tokenize(raw.prompt, state, actions, options_.max_token_len);
+    out.tokens = ft.tokens;
+    out.token_mask = ft.mask;
+    out.token_ar_mask = ft.ar_mask;
+    out.token_loss_mask = ft.loss_mask;
+  } else {
+    const bool discrete_state = options_.model_type == "pi05" && options_.discrete_state_input;
+    TokenizedPrompt tp =
+        tokenizer_->tokenize(raw.prompt, options_.max_token_len, discrete_state ? state : torch::Tensor());
+    out.tokens = tp.tokens;
+    out.token_mask = tp.mask;
+  }
   out.state = pad_last_dim(state, options_.action_dim).to(torch::kFloat32);
   out.actions = pad_last_dim(actions, options_.action_dim).to(torch::kFloat32);
   out.valid_rows = raw.valid_rows;
   out.action_dims = actions.size(-1);
   if (options_.fast_tokenizer) add_fast_block(out, actions);
+  if (options_.max_subtask_tokens > 0) add_subtask_block(out, raw.subtask);
 
   std::optional<Rng> rng;
   if (augment_seed) rng.emplace(*augment_seed);
@@ -457,6 +472,36 @@ void SampleTransform::add_fast_block(ProcessedSample& out, const torch::Tensor& 
   out.fast_mask.narrow(0, 0, kept).fill_(true);
 }
 
+void SampleTransform::add_subtask_block(ProcessedSample& out, const std::string& text) const {
+  const int64_t t = options_.max_subtask_tokens;
+  out.subtask_tokens = torch::zeros({t}, torch::kInt64);
+  out.subtask_mask = torch::zeros({t}, torch::kBool);
+  out.subtask_targets = torch::zeros({t}, torch::kBool);
+  const std::string cleaned = Tokenizer::clean(text);
+  if (cleaned.empty()) return;  // no label: nothing to predict, and nothing the expert reads
+  // The cue and the text are encoded apart so the cue's tokens are the same in every block and at inference, where
+  // they are fed before decoding starts.
+  std::vector<int64_t> block;
+  for (const int id : tokenizer_->encode(options_.subtask_cue)) block.push_back(id);
+  const int64_t cue = static_cast<int64_t>(block.size());
+  for (const int id : tokenizer_->encode(cleaned)) block.push_back(id);
+  block.push_back(tokenizer_->eos_id());
+  const int64_t n = static_cast<int64_t>(block.size());
+  out.subtask_length = n;
+  if (n > t) {
+    if (subtask_truncations_->fetch_add(1) == 0) {
+      spdlog::warn("train.subtask: a subtask block of {} tokens (cue, text, EOS) is longer than "
+                   "train.subtask.max_tokens ({}) and is truncated (its EOS lost); raise max_tokens (warned once, "
+                   "further truncations counted)", n, t);
+    }
+    block.resize(static_cast<size_t>(t));
+  }
+  const int64_t kept = std::min(n, t);
+  std::copy(block.begin(), block.begin() + kept, out.subtask_tokens.data_ptr<int64_t>());
+  out.subtask_mask.narrow(0, 0, kept).fill_(true);
+  if (kept > cue) out.subtask_targets.narrow(0, cue, kept - cue).fill_(true);
+}
+
 model::Batch collate(const std::vector<ProcessedSample>& samples) {
   PI0_CHECK(!samples.empty(), "collate: empty batch");
   model::Batch b;
@@ -488,11 +533,25 @@ model::Batch collate(const std::vector<ProcessedSample>& samples) {
   b.observation.tokenized_prompt = torch::stack(tok);
   b.observation.tokenized_prompt_mask = torch::stack(tm);
   b.actions = torch::stack(act);
+  if (samples[0].token_ar_mask.defined()) {
+    std::vector<torch::Tensor> ar, lm;
+    for (const auto& s : samples) ar.push_back(s.token_ar_mask), lm.push_back(s.token_loss_mask);
+    b.token_ar_mask = torch::stack(ar);
+    b.token_loss_mask = torch::stack(lm);
+  }
   if (samples[0].fast_tokens.defined()) {
     std::vector<torch::Tensor> ft, fm;
     for (const auto& s : samples) ft.push_back(s.fast_tokens), fm.push_back(s.fast_mask);
     b.fast_tokens = torch::stack(ft);
     b.fast_mask = torch::stack(fm);
+  }
+  if (samples[0].subtask_tokens.defined()) {
+    std::vector<torch::Tensor> st_tok, st_mask, st_tgt;
+    for (const auto& s : samples)
+      st_tok.push_back(s.subtask_tokens), st_mask.push_back(s.subtask_mask), st_tgt.push_back(s.subtask_targets);
+    b.subtask_tokens = torch::stack(st_tok);
+    b.subtask_mask = torch::stack(st_mask);
+    b.subtask_targets = torch::stack(st_tgt);
   }
   return b;
 }

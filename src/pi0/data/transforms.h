@@ -25,6 +25,7 @@ namespace pi0::data {
 
 class Tokenizer;
 class FastTokenizer;
+class FastPromptTokenizer;
 
 // ---- random numbers (reproducible across platforms and thread schedules) ----
 
@@ -90,7 +91,7 @@ void augment_image(torch::Tensor& chw, bool wrist, Rng& rng, const AugmentOption
 // ---- the whole per-sample pipeline ----
 
 struct TransformOptions {
-  std::string model_type = "pi0";  ///< "pi0" or "pi05"
+  std::string model_type = "pi0";  ///< "pi0", "pi05" or "pi0_fast"
   int64_t action_dim = 32;         ///< D: state and actions are zero-padded to this
   int64_t image_size = 224;        ///< S
   int64_t max_token_len = 0;       ///< L; 0 = model default (48 pi0, 200 pi05)
@@ -102,6 +103,12 @@ struct TransformOptions {
   /// the normalized actions at the robot's own action dim; null: no FAST block.
   std::shared_ptr<const FastTokenizer> fast_tokenizer;
   int64_t max_fast_tokens = 0;  ///< F: the block's length (train.ki.max_fast_tokens)
+  /// model_type pi0_fast (required there): the prompt, the state and the actions in openpi's pi0-FAST layout.
+  std::shared_ptr<const FastPromptTokenizer> fast_prompt;
+  /// train.subtask: each sample also carries its subtask block (ProcessedSample::subtask_tokens) of this length (0 =
+  /// none), made of the cue's tokens, the subtask text's and EOS.
+  int64_t max_subtask_tokens = 0;
+  std::string subtask_cue = "Subtask: ";
 
   TransformOptions resolved() const;  ///< fills max_token_len and norm; UserError on bad values
   NormMode norm_mode() const;
@@ -122,6 +129,13 @@ struct ProcessedSample {
   /// truncated to F (TransformOptions::max_fast_tokens). [F] int64 PaliGemma ids and [F] bool.
   torch::Tensor fast_tokens, fast_mask;
   int64_t fast_length = 0;            ///< the block's length before padding or truncation
+  /// model_type pi0_fast only (else undefined): `tokens` is openpi's pi0-FAST layout; its ar and loss masks, [L] bool.
+  torch::Tensor token_ar_mask, token_loss_mask;
+  /// train.subtask only (else undefined): spm(cue) + spm(clean(subtask)) + EOS, right-padded with 0 or truncated to
+  /// T (TransformOptions::max_subtask_tokens); all padding when the frame has no subtask text. [T] int64 ids, [T]
+  /// bool valid tokens and [T] bool cross-entropy targets (the valid tokens after the cue).
+  torch::Tensor subtask_tokens, subtask_mask, subtask_targets;
+  int64_t subtask_length = 0;         ///< the block's length before padding or truncation
 };
 
 class SampleTransform {
@@ -141,10 +155,14 @@ class SampleTransform {
   const NormStats& stats() const { return stats_; }
   /// FAST blocks truncated to max_fast_tokens so far (train.ki), over every thread using this transform.
   int64_t fast_truncations() const { return fast_truncations_->load(); }
+  /// Subtask blocks truncated to max_subtask_tokens so far (train.subtask).
+  int64_t subtask_truncations() const { return subtask_truncations_->load(); }
 
  private:
   /// The FAST block of the normalized actions [H, action_dims] (train.ki).
   void add_fast_block(ProcessedSample& out, const torch::Tensor& actions) const;
+  /// The subtask block of `text` (train.subtask).
+  void add_subtask_block(ProcessedSample& out, const std::string& text) const;
 
   TransformOptions options_;
   NormStats stats_;
@@ -152,10 +170,12 @@ class SampleTransform {
   std::vector<int64_t> fast_end_;  ///< spm("|") + EOS, closing every FAST block (openpi's postfix)
   // Shared by copies: the count is the pipeline's. NOTE: a pointer, since std::atomic is not copyable.
   std::shared_ptr<std::atomic<int64_t>> fast_truncations_ = std::make_shared<std::atomic<int64_t>>(0);
+  std::shared_ptr<std::atomic<int64_t>> subtask_truncations_ = std::make_shared<std::atomic<int64_t>>(0);
 };
 
 /// Stacks samples into a Batch (images [B,3,S,S], masks [B], state [B,D], tokens [B,L], actions [B,H,D], the
-/// chunks' recorded rows and action dims [B], and with train.ki the FAST blocks [B,F]).
+/// chunks' recorded rows and action dims [B], with train.ki the FAST blocks [B,F], with train.subtask the subtask
+/// blocks [B,T]).
 model::Batch collate(const std::vector<ProcessedSample>& samples);
 
 }  // namespace pi0::data

@@ -24,6 +24,15 @@ namespace {
 
 bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
 
+// pi0-FAST (model.type pi0_fast) in openpi's layout: PaliGemma's own names, as openpi's pi0-FAST (PaliGemma alone)
+// and tests/data/pi0_fast_model_reference.py name them: pi0's "paligemma_with_expert." dropped, the tied embedding
+// stored once as embed_tokens, no expert lm_head.
+const std::string kFastDroppedPrefix = "paligemma_with_expert.";
+
+std::string fast_openpi_name(const std::string& name) {
+  return starts_with(name, kFastDroppedPrefix) ? name.substr(kFastDroppedPrefix.size()) : name;
+}
+
 bool is_projection(const std::string& name) {
   for (const char* p : {"action_in_proj.", "action_out_proj.", "state_proj."})
     if (starts_with(name, p)) return true;
@@ -128,8 +137,13 @@ LoadReport load_model_weights(model::Pi0Impl& model, const std::string& path, co
   const bool lerobot = !file.names().empty() && std::all_of(file.names().begin(), file.names().end(), [](const auto& n) {
     return starts_with(n, "model.");
   });
+  // A pi0-FAST model reads openpi's pi0-FAST layout ("paligemma.model...") as well as its own checkpoints' names.
+  const bool fast_layout = model.is_fast() && !file.names().empty() &&
+                           std::all_of(file.names().begin(), file.names().end(),
+                                       [&](const auto& n) { return starts_with(lerobot ? n.substr(6) : n, "paligemma."); });
+  const std::string add = fast_layout ? kFastDroppedPrefix : "";
   for (const auto& n : file.names()) {
-    const auto norm = lerobot ? n.substr(6) : n;
+    const auto norm = add + (lerobot ? n.substr(6) : n);
     src.names.push_back(norm);
     src.file_name[norm] = n;
   }
@@ -154,7 +168,8 @@ LoadReport load_model_weights(model::Pi0Impl& model, const std::string& path, co
   };
   std::map<std::string, std::string> aliases;
   for (const auto& [k, v] : file.metadata()) {
-    aliases[lerobot && starts_with(k, "model.") ? k.substr(6) : k] = lerobot && starts_with(v, "model.") ? v.substr(6) : v;
+    aliases[add + (lerobot && starts_with(k, "model.") ? k.substr(6) : k)] =
+        add + (lerobot && starts_with(v, "model.") ? v.substr(6) : v);
   }
   auto report = load_from(model, src, path, aliases, options);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -179,6 +194,10 @@ std::vector<model::ParamSpec> export_layout(const model::Pi0Options& options) {
   auto o = options;
   o.paligemma.lora_rank = o.action_expert.lora_rank = 0;
   std::vector<model::ParamSpec> out;
+  if (o.fast) {
+    for (auto spec : model::parameter_layout(o)) out.push_back({fast_openpi_name(spec.name), spec.shape});
+    return out;
+  }
   for (auto spec : model::parameter_layout(o)) {
     if (spec.name == model::kEmbeddingName) spec.name = kLmHeadName;
     out.push_back(spec);
@@ -205,6 +224,10 @@ FileDigest save_model_weights(model::Pi0Impl& model, const std::string& path, co
       auto it = replace->find(name);
       if (it != replace->end()) value = it->second;
     }
+    if (options.openpi_layout && model.is_fast()) {
+      lazy(fast_openpi_name(name), value);
+      continue;
+    }
     if (options.openpi_layout && name == model::kEmbeddingName) {
       // Stored once under the lexicographically smaller tied name, as safetensors.save_model does.
       lazy(kLmHeadName, value);
@@ -213,7 +236,9 @@ FileDigest save_model_weights(model::Pi0Impl& model, const std::string& path, co
     }
     lazy(name, value);
   }
-  if (options.openpi_layout) {
+  if (options.openpi_layout && model.is_fast()) {
+    metadata["format"] = "pt";
+  } else if (options.openpi_layout) {
     const auto& o = model.options();
     auto dtype = options.dtype.value_or(model.action_in_proj->weight.scalar_type());
     // Unused by the forward pass but required by openpi's strict loader.

@@ -37,6 +37,7 @@ SiglipOptions siglip_from_spec(const config::SiglipSpec& s) {
 Pi0Options options_from_config(const config::ModelConfig& m) {
   Pi0Options o;
   o.pi05 = m.type == "pi05";
+  o.fast = m.type == "pi0_fast";
   o.paligemma = gemma_from_spec("model.paligemma_variant", m.paligemma_variant);
   o.paligemma.vocab_size = m.vocab_size;
   o.action_expert = gemma_from_spec("model.action_expert_variant", m.action_expert_variant);
@@ -48,7 +49,8 @@ Pi0Options options_from_config(const config::ModelConfig& m) {
   o.siglip.image_size = m.image_size;
   o.action_dim = m.action_dim;
   o.action_horizon = m.action_horizon;
-  o.max_token_len = m.max_token_len > 0 ? m.max_token_len : (o.pi05 ? 200 : 48);
+  o.max_token_len = m.max_token_len > 0 ? m.max_token_len : o.fast ? 250 : o.pi05 ? 200 : 48;
+  if (o.fast) return o;  // no action expert: model.action_expert_variant is ignored
   const auto& p = o.paligemma;
   const auto& e = o.action_expert;
   // Joint attention: both experts' queries, keys and values meet in one attention per layer.

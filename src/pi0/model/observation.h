@@ -47,6 +47,12 @@ struct Batch {
   /// train.ki (knowledge insulation), else undefined: each example's FAST block, [B,F] int64 PaliGemma token ids
   /// (pg(FAST ids) + "|" + EOS, 0 = pad) and [B,F] bool (data::ProcessedSample::fast_tokens).
   torch::Tensor fast_tokens, fast_mask;
+  /// model.type pi0_fast, else undefined: the ar and loss masks of observation.tokenized_prompt, which then holds
+  /// openpi's pi0-FAST layout (data::FastPromptTokenizer: prefix ar 0 / loss 0, postfix ar 1 / loss 1). [B,L] bool.
+  torch::Tensor token_ar_mask, token_loss_mask;
+  /// train.subtask, else undefined: each example's subtask block [B,T] int64 token ids (cue + text + EOS, 0 = pad),
+  /// [B,T] bool valid tokens and [B,T] bool cross-entropy targets (data::ProcessedSample::subtask_tokens).
+  torch::Tensor subtask_tokens, subtask_mask, subtask_targets;
 };
 
 }  // namespace pi0::model

@@ -76,6 +76,7 @@ std::vector<ParamSpec> parameter_layout(const Pi0Options& o) {
   auto prefix = o.paligemma;
   prefix.cond_dim = 0;
   b.gemma(kLanguagePrefix, prefix);
+  if (o.fast) return b.specs;  // pi0-FAST: PaliGemma alone
   auto expert = o.action_expert;
   expert.vocab_size = 0;
   expert.cond_dim = o.pi05 ? expert.width : 0;

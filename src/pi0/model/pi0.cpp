@@ -138,8 +138,8 @@ torch::Tensor joint_attention(const torch::Tensor& q, const torch::Tensor& k, co
 PaliGemmaWithExpertImpl::PaliGemmaWithExpertImpl(const Pi0Options& o) {
   const auto& p = o.paligemma;
   const auto& e = o.action_expert;
-  if (p.depth != e.depth || p.head_dim != e.head_dim || p.num_heads != e.num_heads ||
-      p.num_kv_heads != e.num_kv_heads) {
+  if (!o.fast && (p.depth != e.depth || p.head_dim != e.head_dim || p.num_heads != e.num_heads ||
+                  p.num_kv_heads != e.num_kv_heads)) {
     throw UserError("model.paligemma and model.action_expert must share depth, head_dim, num_heads and "
                     "num_kv_heads (joint attention)");
   }
@@ -153,6 +153,7 @@ PaliGemmaWithExpertImpl::PaliGemmaWithExpertImpl(const Pi0Options& o) {
   auto prefix_opts = p;
   prefix_opts.cond_dim = 0;
   language_model = pg_model->register_module("language_model", GemmaModel(prefix_opts));
+  if (o.fast) return;  // pi0-FAST: PaliGemma alone
   auto expert_opts = e;
   expert_opts.vocab_size = 0;
   expert_opts.cond_dim = o.pi05 ? e.width : 0;
@@ -264,6 +265,17 @@ PaliGemmaWithExpertImpl::Output PaliGemmaWithExpertImpl::forward(const torch::Te
 Pi0Impl::Pi0Impl(Pi0Options o) : options_(std::move(o)) {
   const int64_t we = options_.action_expert.width, a = options_.action_dim;
   paligemma_with_expert = register_module("paligemma_with_expert", PaliGemmaWithExpert(options_));
+  if (options_.fast) {
+    Pi0FastOptions fo;
+    fo.paligemma = options_.paligemma;
+    fo.siglip = options_.siglip;
+    fo.action_dim = options_.action_dim;
+    fo.action_horizon = options_.action_horizon;
+    fo.max_token_len = options_.max_token_len;
+    auto& pwe = *paligemma_with_expert;
+    fast_ = Pi0Fast(fo, pwe.vision, pwe.projector, pwe.language_model);
+    return;
+  }
   action_in_proj = register_module("action_in_proj", nn::Dense(a, we));
   action_out_proj = register_module("action_out_proj", nn::Dense(we, a));
   if (options_.pi05) {
@@ -381,8 +393,27 @@ FlowTargets flow_targets(const torch::Tensor& actions, const std::optional<torch
 
 }  // namespace
 
+Pi0Fast& Pi0Impl::fast_view() {
+  PI0_CHECK(options_.fast, "a pi0-FAST call on a pi0 / pi0.5 model");
+  fast_->set_compute_dtype(compute_dtype_);
+  fast_->set_checkpointed_layers(checkpointed_.vision, checkpointed_.language);
+  return fast_;
+}
+
+Pi0FastImpl::Loss Pi0Impl::compute_fast_loss(const Observation& obs, const torch::Tensor& token_ar_mask,
+                                             const torch::Tensor& token_loss_mask) {
+  return fast_view()->compute_loss(obs, token_ar_mask, token_loss_mask);
+}
+
+Pi0FastImpl::Decoded Pi0Impl::sample_fast_tokens(const Observation& obs, const torch::Tensor& token_ar_mask,
+                                                 int64_t max_decoding_steps, double temperature,
+                                                 std::optional<at::Generator> generator) {
+  return fast_view()->sample_tokens(obs, token_ar_mask, max_decoding_steps, temperature, std::move(generator));
+}
+
 torch::Tensor Pi0Impl::compute_loss(const Observation& obs, const torch::Tensor& actions,
                                     std::optional<torch::Tensor> noise, std::optional<torch::Tensor> time) {
+  PI0_CHECK(!options_.fast, "pi0-FAST has no flow-matching loss (compute_fast_loss)");
   PI0_CHECK(actions.dim() == 3 && actions.size(1) == options_.action_horizon &&
                 actions.size(2) == options_.action_dim,
             "actions must be [B,", options_.action_horizon, ",", options_.action_dim, "], got ", actions.sizes());
@@ -396,79 +427,212 @@ Pi0Impl::KiLoss Pi0Impl::compute_ki_loss(const Observation& obs, const torch::Te
                                          const torch::Tensor& fast_tokens, const torch::Tensor& fast_mask,
                                          bool stop_gradient, std::optional<torch::Tensor> noise,
                                          std::optional<torch::Tensor> time) {
-  PI0_CHECK(options_.pi05, "knowledge insulation trains pi0.5 (adaRMS expert, no state token)");
+  PrefixBlocks blocks;
+  blocks.fast_tokens = fast_tokens;
+  blocks.fast_mask = fast_mask;
+  return compute_prefix_loss(obs, actions, blocks, stop_gradient, std::move(noise), std::move(time));
+}
+
+torch::Tensor Pi0Impl::token_logits(const torch::Tensor& h) {
+  const auto& table = paligemma_with_expert->language_model->embed_tokens->weight;  // [V,Wp], tied (openpi's decode)
+  // In the table's dtype (float32 masters: float32 logits; an all-bf16 model: bf16 products, not a float32 copy of
+  // the table), then float32 for the softmax or argmax.
+  return nn::upcast(torch::matmul(h.to(table.scalar_type()), table.t()));
+}
+
+Pi0Impl::KiLoss Pi0Impl::compute_prefix_loss(const Observation& obs, const torch::Tensor& actions,
+                                             const PrefixBlocks& blocks, bool stop_gradient,
+                                             std::optional<torch::Tensor> noise, std::optional<torch::Tensor> time) {
+  PI0_CHECK(options_.pi05, "knowledge insulation and subtask prediction train pi0.5 (adaRMS expert, no state token)");
   PI0_CHECK(actions.dim() == 3 && actions.size(1) == options_.action_horizon &&
                 actions.size(2) == options_.action_dim,
             "actions must be [B,", options_.action_horizon, ",", options_.action_dim, "], got ", actions.sizes());
   const int64_t b = actions.size(0);
-  PI0_CHECK(fast_tokens.dim() == 2 && fast_tokens.size(0) == b && fast_mask.sizes() == fast_tokens.sizes(),
-            "fast_tokens and fast_mask must both be [B,F] with B = ", b, ", got ", fast_tokens.sizes(), " and ",
-            fast_mask.sizes());
+  const bool has_t = blocks.subtask_tokens.defined(), has_f = blocks.fast_tokens.defined();
+  if (has_f) {
+    PI0_CHECK(blocks.fast_tokens.dim() == 2 && blocks.fast_tokens.size(0) == b && blocks.fast_mask.defined() &&
+                  blocks.fast_mask.sizes() == blocks.fast_tokens.sizes(),
+              "fast_tokens and fast_mask must both be [B,F] with B = ", b, ", got ", blocks.fast_tokens.sizes(),
+              " and ", blocks.fast_mask.defined() ? blocks.fast_mask.sizes() : torch::IntArrayRef{});
+  }
+  if (has_t) {
+    const auto& st = blocks.subtask_tokens;
+    PI0_CHECK(st.dim() == 2 && st.size(0) == b && blocks.subtask_mask.defined() &&
+                  blocks.subtask_mask.sizes() == st.sizes() && blocks.subtask_targets.defined() &&
+                  blocks.subtask_targets.sizes() == st.sizes(),
+              "subtask_tokens, subtask_mask and subtask_targets must all be [B,T] with B = ", b, ", got tokens ",
+              st.sizes());
+  }
   const auto [t, x_t, u_t] = flow_targets(actions, noise, time, options_.action_horizon);
   auto& pwe = *paligemma_with_expert;
 
-  // Pass 1: the backbone over P ∪ F. F is one causal block after P (ar = 1 on each F row), so no P row sees F and
-  // the P rows' keys/values are those of a P-only pass.
+  // Pass 1: the backbone over P ∪ T ∪ F. T and F are causal blocks after P (ar = 1 on each row), so no P row sees
+  // them and no T row sees F: the P ∪ T keys/values are those of a pass without F.
   auto prefix = embed_prefix(obs);
-  const int64_t tp = prefix.embs.size(1), f = fast_tokens.size(1);
+  const int64_t tp = prefix.embs.size(1);
   const auto dev = prefix.embs.device();
-  const auto tokens = fast_tokens.to(dev, torch::kLong);
-  const auto fmask = fast_mask.to(dev, torch::kBool);
+  const auto to_dev = [&](const torch::Tensor& x, torch::ScalarType dtype) {
+    return x.defined() ? x.to(dev, dtype) : torch::Tensor();
+  };
+  const auto t_tokens = to_dev(blocks.subtask_tokens, torch::kLong), t_mask = to_dev(blocks.subtask_mask, torch::kBool),
+             t_targets = to_dev(blocks.subtask_targets, torch::kBool);
+  const auto f_tokens = to_dev(blocks.fast_tokens, torch::kLong), f_mask = to_dev(blocks.fast_mask, torch::kBool);
+  const int64_t tt = has_t ? t_tokens.size(1) : 0, f = has_f ? f_tokens.size(1) : 0;
   auto embs = prefix.embs, pad = prefix.pad_mask, ar = prefix.ar_mask;
-  if (f > 0) {
+  const auto append = [&](const torch::Tensor& tokens, const torch::Tensor& mask, int64_t n) {
+    if (n == 0) return;
     embs = torch::cat({embs, pwe.language_model->embed(tokens).to(compute_dtype_)}, 1);
-    pad = torch::cat({pad, fmask}, 1);
-    ar = torch::cat({ar, torch::ones({f}, ar.options())}, 0);
-  }
+    pad = torch::cat({pad, mask}, 1);
+    ar = torch::cat({ar, torch::ones({n}, ar.options())}, 0);
+  };
+  append(t_tokens, t_mask, tt);
+  append(f_tokens, f_mask, f);
   KVCache cache;
   const auto backbone = pwe.forward(embs, torch::Tensor(), attention_mask_for(nn::make_attn_mask(pad, ar), embs),
                                     nn::positions_from_mask(pad), torch::Tensor(), nullptr, &cache,
                                     checkpointed_.language);
-  // Pass 2: the expert reads P's keys/values only — a stop-gradient copy under insulation, so the flow-matching loss
-  // cannot reach the backbone — with the mask and positions of sampling.
+  // Pass 2: the expert reads P ∪ T's keys/values only — a stop-gradient copy under insulation, so the flow-matching
+  // loss cannot reach the backbone — with the mask and positions of sampling.
+  const int64_t seen = tp + tt;
   KVCache p_cache;
   for (size_t l = 0; l < cache.k.size(); ++l) {
-    auto k = cache.k[l].narrow(1, 0, tp), v = cache.v[l].narrow(1, 0, tp);
+    auto k = cache.k[l].narrow(1, 0, seen), v = cache.v[l].narrow(1, 0, seen);
     p_cache.k.push_back(stop_gradient ? k.detach() : k);
     p_cache.v.push_back(stop_gradient ? v.detach() : v);
   }
   cache = KVCache{};
-  const auto v_t = velocity_cached(p_cache, prefix.pad_mask, obs.state, x_t, t, checkpointed_.language);
+  const auto v_t = velocity_cached(p_cache, pad.narrow(1, 0, seen), obs.state, x_t, t, checkpointed_.language);
   KiLoss out;
   out.flow = (v_t - u_t).pow(2);
 
-  // Cross-entropy on the FAST targets: F_0 is predicted by P's last valid row (the prompt is right-padded before F),
-  // F_j by F_{j−1}'s row.
+  // Cross-entropies: each target is predicted by the nearest valid row before it — F_0 by T's EOS or, T empty, by
+  // P's last valid row (the prompt is right-padded before the blocks), a block's later tokens by the one before.
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
-  out.ce = torch::zeros({b}, f32);
-  out.targets = fmask.sum(1).to(torch::kFloat32);
-  out.correct = torch::zeros({b}, f32);
-  if (f == 0) return out;
   const auto idx = torch::TensorOptions().dtype(torch::kLong).device(dev);
-  const auto last_p = (torch::arange(tp, idx).unsqueeze(0) * prefix.pad_mask.to(torch::kLong)).argmax(1);  // [B]
-  const auto pred_rows = torch::cat({last_p.unsqueeze(1), torch::arange(tp, tp + f - 1, idx).unsqueeze(0).expand({b, f - 1})}, 1);
-  const auto where = fmask.nonzero();  // [N,2] (example, F index), the valid targets
-  const auto ex = where.select(1, 0), col = where.select(1, 1);
-  const int64_t n = where.size(0);
-  if (n == 0) return out;
-  const auto h = backbone.prefix.index({ex, pred_rows.index({ex, col})});  // [N,Wp]
-  const auto target = tokens.index({ex, col});                            // [N]
-  const auto& table = pwe.language_model->embed_tokens->weight;          // [V,Wp], tied (openpi's decode)
-  // In the table's dtype (float32 masters: float32 logits; an all-bf16 model: bf16 products, not a float32 copy of
-  // the table), then the log-softmax in float32.
-  const auto table_t = table.t();
-  std::vector<torch::Tensor> nll, hit;
-  for (int64_t r = 0; r < n; r += ki_logit_chunk_) {
-    const int64_t m = std::min(ki_logit_chunk_, n - r);
-    const auto logits = nn::upcast(torch::matmul(h.narrow(0, r, m).to(table.scalar_type()), table_t));  // [m,V]
-    const auto tgt = target.narrow(0, r, m);
-    nll.push_back(torch::logsumexp(logits, -1) - logits.gather(1, tgt.unsqueeze(1)).squeeze(1));
-    hit.push_back((logits.detach().argmax(-1) == tgt).to(torch::kFloat32));
+  const int64_t total = pad.size(1);
+  const auto valid_at = torch::where(pad, torch::arange(total, idx).unsqueeze(0).expand({b, total}),
+                                     torch::full({1}, -1, idx));
+  const auto prev_valid = torch::cat({torch::full({b, 1}, -1, idx), std::get<0>(valid_at.cummax(1)).narrow(1, 0, total - 1)}, 1);
+  struct BlockCe {
+    torch::Tensor ce, targets, correct;
+  };
+  const auto block_ce = [&](const torch::Tensor& tokens, const torch::Tensor& targets, int64_t offset) {
+    BlockCe r{torch::zeros({b}, f32), targets.sum(1).to(torch::kFloat32), torch::zeros({b}, f32)};
+    if (tokens.size(1) == 0) return r;
+    const auto where = targets.nonzero();  // [N,2] (example, index in the block), the valid targets
+    const auto ex = where.select(1, 0), col = where.select(1, 1);
+    const int64_t n = where.size(0);
+    if (n == 0) return r;
+    const auto rows = prev_valid.index({ex, col + offset});
+    PI0_CHECK(rows.min().item<int64_t>() >= 0, "a text target has no valid row before it");
+    const auto h = backbone.prefix.index({ex, rows});  // [N,Wp]
+    const auto target = tokens.index({ex, col});       // [N]
+    std::vector<torch::Tensor> nll, hit;
+    for (int64_t s = 0; s < n; s += ki_logit_chunk_) {
+      const int64_t m = std::min(ki_logit_chunk_, n - s);
+      const auto logits = token_logits(h.narrow(0, s, m));  // [m,V] float32
+      const auto tgt = target.narrow(0, s, m);
+      nll.push_back(torch::logsumexp(logits, -1) - logits.gather(1, tgt.unsqueeze(1)).squeeze(1));
+      hit.push_back((logits.detach().argmax(-1) == tgt).to(torch::kFloat32));
+    }
+    const auto per_target = nll.size() == 1 ? nll[0] : torch::cat(nll);
+    r.ce = r.ce.index_add(0, ex, per_target) / r.targets.clamp_min(1.0);
+    r.correct = r.correct.index_add(0, ex, hit.size() == 1 ? hit[0] : torch::cat(hit));
+    return r;
+  };
+  if (has_t) {
+    auto sub = block_ce(t_tokens, t_targets, tp);
+    out.subtask_ce = sub.ce, out.subtask_targets = sub.targets, out.subtask_correct = sub.correct;
   }
-  const auto per_target = nll.size() == 1 ? nll[0] : torch::cat(nll);
-  out.ce = out.ce.index_add(0, ex, per_target) / out.targets.clamp_min(1.0);
-  out.correct = out.correct.index_add(0, ex, hit.size() == 1 ? hit[0] : torch::cat(hit));
+  if (has_f) {
+    auto fast = block_ce(f_tokens, f_mask, tp + tt);
+    out.ce = fast.ce, out.targets = fast.targets, out.correct = fast.correct;
+  } else {
+    out.ce = torch::zeros({b}, f32), out.targets = torch::zeros({b}, f32), out.correct = torch::zeros({b}, f32);
+  }
   return out;
+}
+
+torch::Tensor Pi0Impl::extend_prefix(Prefilled& p, const torch::Tensor& tokens, const torch::Tensor& mask) {
+  auto& pwe = *paligemma_with_expert;
+  const auto dev = p.pad_mask.device();
+  const auto tok = tokens.to(dev, torch::kLong);
+  const auto m = mask.to(dev, torch::kBool);
+  const auto embs = pwe.language_model->embed(tok).to(compute_dtype_);
+  const auto ar = torch::ones({tok.size(1)}, torch::TensorOptions().dtype(torch::kBool).device(dev));
+  KVCache added;
+  const auto out = pwe.forward(embs, torch::Tensor(),
+                               attention_mask_for(nn::make_cached_attn_mask(p.pad_mask, m, ar), embs),
+                               nn::positions_after(p.pad_mask, m), torch::Tensor(), &p.cache, &added, 0);
+  for (size_t l = 0; l < added.k.size(); ++l) {
+    p.cache.k[l] = torch::cat({p.cache.k[l], added.k[l]}, 1);
+    p.cache.v[l] = torch::cat({p.cache.v[l], added.v[l]}, 1);
+  }
+  p.pad_mask = torch::cat({p.pad_mask, m}, 1);
+  return out.prefix;
+}
+
+Pi0Impl::SubtaskDecoded Pi0Impl::decode_subtask_after(Prefilled& p, const std::vector<int64_t>& cue,
+                                                      int64_t max_tokens, int64_t end_id) {
+  PI0_CHECK(!cue.empty(), "subtask decoding starts after the cue: give at least one cue token");
+  const int64_t c = static_cast<int64_t>(cue.size());
+  PI0_CHECK(max_tokens > c, "max_tokens (", max_tokens, ") must leave room after the cue's ", c, " tokens");
+  const int64_t b = p.pad_mask.size(0);
+  const auto dev = p.pad_mask.device();
+  const auto bool_opts = torch::TensorOptions().dtype(torch::kBool).device(dev);
+  const auto cue_ids = torch::tensor(cue, torch::kLong).to(dev).unsqueeze(0).expand({b, c}).contiguous();
+  std::vector<torch::Tensor> tokens = {cue_ids}, masks = {torch::ones({b, c}, bool_opts)};
+  auto h_last = extend_prefix(p, cue_ids, masks[0]).select(1, c - 1);
+  auto done = torch::zeros({b}, bool_opts);
+  for (int64_t n = c; n < max_tokens; ++n) {
+    const auto valid = done.logical_not();
+    // Greedy, as OpenTau's infer_response; an example that has ended gets padding, which no later row sees.
+    const auto next = torch::where(valid, token_logits(h_last).argmax(-1), torch::zeros({1}, cue_ids.options()));
+    // Every generated token, the end included, joins the cache: the expert reads the whole block, as in training.
+    h_last = extend_prefix(p, next.unsqueeze(1), valid.unsqueeze(1)).select(1, 0);
+    tokens.push_back(next.unsqueeze(1));
+    masks.push_back(valid.unsqueeze(1));
+    done = done.logical_or(valid.logical_and(next == end_id));
+    if (done.all().item<bool>()) break;
+  }
+  return {torch::cat(tokens, 1), torch::cat(masks, 1)};
+}
+
+Pi0Impl::SubtaskDecoded Pi0Impl::decode_subtask(const Observation& obs, const std::vector<int64_t>& cue,
+                                                int64_t max_tokens, int64_t end_id) {
+  PI0_CHECK(options_.pi05, "subtask prediction is pi0.5's");
+  torch::NoGradGuard no_grad;
+  auto p = prefill(obs, nullptr);
+  return decode_subtask_after(p, cue, max_tokens, end_id);
+}
+
+torch::Tensor Pi0Impl::sample_actions_after_subtask(const Observation& obs, const std::vector<int64_t>& cue,
+                                                    int64_t max_tokens, int64_t end_id, SubtaskDecoded* decoded,
+                                                    std::optional<torch::Tensor> noise, int64_t num_steps) {
+  PI0_CHECK(options_.pi05, "subtask prediction is pi0.5's");
+  PI0_CHECK(num_steps > 0, "num_steps must be positive");
+  torch::NoGradGuard no_grad;
+  const auto acc = compute_dtype_ == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto f32 = torch::TensorOptions().dtype(acc).device(obs.state.device());
+  auto x = noise ? noise->to(f32) : torch::randn({obs.batch_size(), options_.action_horizon, options_.action_dim}, f32);
+  auto p = prefill(obs, nullptr);
+  auto block = decode_subtask_after(p, cue, max_tokens, end_id);
+  if (decoded) *decoded = block;
+  return denoise(p.cache, p.pad_mask, obs.state, x, num_steps, nullptr);
+}
+
+torch::Tensor Pi0Impl::sample_actions_with_subtask(const Observation& obs, const torch::Tensor& subtask_tokens,
+                                                   const torch::Tensor& subtask_mask, std::optional<torch::Tensor> noise,
+                                                   int64_t num_steps) {
+  PI0_CHECK(options_.pi05, "subtask prediction is pi0.5's");
+  PI0_CHECK(num_steps > 0, "num_steps must be positive");
+  torch::NoGradGuard no_grad;
+  const auto acc = compute_dtype_ == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  const auto f32 = torch::TensorOptions().dtype(acc).device(obs.state.device());
+  auto x = noise ? noise->to(f32) : torch::randn({obs.batch_size(), options_.action_horizon, options_.action_dim}, f32);
+  auto p = prefill(obs, nullptr);
+  if (subtask_tokens.size(1) > 0) extend_prefix(p, subtask_tokens, subtask_mask);
+  return denoise(p.cache, p.pad_mask, obs.state, x, num_steps, nullptr);
 }
 
 double SampleTiming::total_ms() const {
@@ -593,6 +757,7 @@ FusedWeights* Pi0Impl::fused_for_sampling(bool use_kv_cache) {
 
 torch::Tensor Pi0Impl::sample_actions(const Observation& obs, std::optional<torch::Tensor> noise, int64_t num_steps,
                                       bool use_kv_cache, SampleTiming* timing, const RtcRequest* rtc) {
+  PI0_CHECK(!options_.fast, "pi0-FAST samples tokens (sample_fast_tokens), not flow-matching actions");
   PI0_CHECK(num_steps > 0, "num_steps must be positive");
   if (rtc && !rtc->active()) rtc = nullptr;
   if (rtc) {

@@ -14,6 +14,7 @@
 
 #include "pi0/model/gemma.h"
 #include "pi0/model/observation.h"
+#include "pi0/model/pi0_fast.h"
 #include "pi0/model/rtc.h"
 #include "pi0/model/siglip.h"
 #include "pi0/nn/rope.h"
@@ -24,6 +25,10 @@ struct FusedWeights;  // model/fused_inference.h
 
 struct Pi0Options {
   bool pi05 = false;                                         ///< pi0.5: adaRMS time conditioning, no state token
+  /// pi0-FAST (model.type pi0_fast; docs/pi0_fast.md): PaliGemma alone predicts FAST action tokens. No action
+  /// expert and no action/state/time projections are built (action_expert is ignored); the loss and the decoding
+  /// are Pi0FastImpl's, run on this model's PaliGemma modules (compute_fast_loss, sample_fast_tokens).
+  bool fast = false;
   GemmaOptions paligemma = gemma_variant("gemma_2b");        ///< prefix expert (with token embedding)
   GemmaOptions action_expert = gemma_variant("gemma_300m");  ///< suffix expert (vocab_size ignored)
   SiglipOptions siglip = siglip_variant("So400m/14");
@@ -136,13 +141,67 @@ class Pi0Impl : public torch::nn::Module {
     torch::Tensor ce;       ///< [B] float32: the mean over the example's valid FAST targets of −log p (0 without any)
     torch::Tensor targets;  ///< [B] float32: valid FAST targets per example
     torch::Tensor correct;  ///< [B] float32: targets that are the logits' argmax (no gradient)
+    /// With a subtask block (else undefined): the same three over its targets.
+    torch::Tensor subtask_ce, subtask_targets, subtask_correct;
   };
   KiLoss compute_ki_loss(const Observation& obs, const torch::Tensor& actions, const torch::Tensor& fast_tokens,
                          const torch::Tensor& fast_mask, bool stop_gradient = true,
                          std::optional<torch::Tensor> noise = std::nullopt,
                          std::optional<torch::Tensor> time = std::nullopt);
+  /// The text blocks after the prompt (docs/subtask.md, docs/ki.md): [P; T; F].
+  struct PrefixBlocks {
+    /// Subtask block T (train.subtask), or undefined: [B,T] int64 ids (cue + text + EOS), [B,T] bool valid tokens and
+    /// [B,T] bool targets (the valid tokens after the cue). Causal (ar = 1 on each row), seen by the action expert.
+    torch::Tensor subtask_tokens, subtask_mask, subtask_targets;
+    /// FAST block F (train.ki), or undefined: [B,F] ids and mask. Causal after T; never seen by the action expert.
+    torch::Tensor fast_tokens, fast_mask;
+  };
+  /// compute_ki_loss with a subtask block too: pass 1 over P ∪ T ∪ F (positions cumsum(pad) − 1), pass 2 the expert
+  /// over the P ∪ T keys/values (detached when `stop_gradient`; subtask prediction without insulation passes false),
+  /// positions n_valid(P ∪ T) + arange(H) as in sample_actions_with_subtask. Each CE target is predicted from the
+  /// nearest valid row before it, so T's first target from the cue's last token and F's first from T's EOS (or P's
+  /// last valid row when T is all padding).
+  KiLoss compute_prefix_loss(const Observation& obs, const torch::Tensor& actions, const PrefixBlocks& blocks,
+                             bool stop_gradient = true, std::optional<torch::Tensor> noise = std::nullopt,
+                             std::optional<torch::Tensor> time = std::nullopt);
+
+  /// Greedy subtask decoding (pi0.5 paper; docs/subtask.md). After the prefix pass (images and prompt), the `cue`
+  /// ids are fed as causal rows through the KV cache, then one token at a time the argmax of the tied embedding's
+  /// logits at the last row, until every example has produced `end_id` or the block has `max_tokens` tokens (cue
+  /// included). Tokens after an example's end are padding (mask false), as in training's right-padded block.
+  struct SubtaskDecoded {
+    torch::Tensor tokens;  ///< [B,T'] int64 (T' ≤ max_tokens): cue, generated ids (end included), 0 after the end
+    torch::Tensor mask;    ///< [B,T'] bool: the valid tokens
+  };
+  SubtaskDecoded decode_subtask(const Observation& obs, const std::vector<int64_t>& cue, int64_t max_tokens,
+                                int64_t end_id);
+  /// decode_subtask, then flow-matching sampling against the prefix and the decoded block (the cache the decoding
+  /// built; the modules' path: no simplified weights, no CUDA graph). Returns the actions [B,H,A]; `decoded`, when
+  /// given, receives the block.
+  torch::Tensor sample_actions_after_subtask(const Observation& obs, const std::vector<int64_t>& cue,
+                                             int64_t max_tokens, int64_t end_id, SubtaskDecoded* decoded,
+                                             std::optional<torch::Tensor> noise = std::nullopt,
+                                             int64_t num_steps = 10);
+  /// Sampling with a given subtask block [B,T] (ids and valid mask), fed as one teacher-forced causal pass after the
+  /// prefix: what training's expert reads. The reference for sample_actions_after_subtask.
+  torch::Tensor sample_actions_with_subtask(const Observation& obs, const torch::Tensor& subtask_tokens,
+                                            const torch::Tensor& subtask_mask,
+                                            std::optional<torch::Tensor> noise = std::nullopt,
+                                            int64_t num_steps = 10);
+  /// The tied embedding's logits [N,V] (float32) of final-normed backbone rows h [N,W] (openpi's decode).
+  torch::Tensor token_logits(const torch::Tensor& h);
   /// Rows of the FAST logits computed at once (each chunk is [rows, vocab] float32); tests shrink it.
   void set_ki_logit_chunk(int64_t rows) { ki_logit_chunk_ = rows; }
+
+  /// pi0-FAST only (Pi0Options::fast): openpi's pi0-FAST loss (Pi0FastImpl::compute_loss) on this model's PaliGemma,
+  /// in its compute dtype and with its checkpointed layers. `obs.tokenized_prompt` is the FastPromptTokenizer layout.
+  Pi0FastImpl::Loss compute_fast_loss(const Observation& obs, const torch::Tensor& token_ar_mask,
+                                      const torch::Tensor& token_loss_mask);
+  /// pi0-FAST only: openpi's sample_actions token loop (Pi0FastImpl::sample_tokens) on the prefix layout.
+  Pi0FastImpl::Decoded sample_fast_tokens(const Observation& obs, const torch::Tensor& token_ar_mask,
+                                          int64_t max_decoding_steps, double temperature = 0.0,
+                                          std::optional<at::Generator> generator = std::nullopt);
+  bool is_fast() const { return options_.fast; }
 
   /// Euler integration from t=1 (noise) to t=0 with dt = −1/num_steps. use_kv_cache=false recomputes the
   /// prefix at every step (reference check and benchmark baseline). Returns [B,H,A] float32. `timing`, when
@@ -225,6 +284,12 @@ class Pi0Impl : public torch::nn::Module {
     torch::Tensor pad_mask;
   };
   Prefilled prefill(const Observation& obs, FusedWeights* fused);
+  // Feeds `tokens` [B,n] (valid `mask` [B,n]) as causal rows after the cached prefix (modules' path), appending their
+  // keys/values to the cache and `mask` to pad_mask; returns the rows' final-normed backbone outputs [B,n,W].
+  torch::Tensor extend_prefix(Prefilled& p, const torch::Tensor& tokens, const torch::Tensor& mask);
+  // decode_subtask's loop after the prefix pass: extends `p` by the cue and the generated tokens.
+  SubtaskDecoded decode_subtask_after(Prefilled& p, const std::vector<int64_t>& cue, int64_t max_tokens,
+                                      int64_t end_id);
   // The Euler loop over suffix passes against a fixed prefix cache; returns the final x. `fused`: on the simplified
   // weights, else through the modules. `trained_prefix` and `trained_mask` (both or neither): real-time chunking's
   // trained mode; `guided` (prev on x's device): its guided mode (model/rtc.h). `after_step`, when given, runs after
@@ -238,6 +303,11 @@ class Pi0Impl : public torch::nn::Module {
   FusedWeights* fused_for_sampling(bool use_kv_cache);
   // The joint mask of a pass in the representation the attention path takes (bool, or SDPA's additive bias).
   torch::Tensor attention_mask_for(const torch::Tensor& mask, const torch::Tensor& like) const;
+
+  /// pi0-FAST: a view sharing paligemma_with_expert's vision, projector and language model (not registered: the
+  /// parameters keep their names here).
+  Pi0Fast fast_{nullptr};
+  Pi0Fast& fast_view();
 
   torch::ScalarType compute_dtype_ = torch::kFloat32;
   int64_t ki_logit_chunk_ = 256;

@@ -5,6 +5,7 @@
 #include "pi0/common/check.h"
 #include "pi0/model/pi0.h"  // joint_attention
 #include "pi0/nn/attention_mask.h"
+#include "pi0/nn/checkpoint.h"
 #include "pi0/nn/rope.h"
 
 namespace pi0::model {
@@ -19,18 +20,32 @@ Pi0FastImpl::Pi0FastImpl(Pi0FastOptions o) : options_(std::move(o)) {
   auto& p = options_.paligemma;
   if (p.vocab_size <= 0) throw UserError("pi0-FAST's language model needs a token embedding (vocab_size > 0)");
   p.cond_dim = 0;
+  build(Siglip(options_.siglip), nn::Dense(nn::DenseOptions(options_.siglip.width, p.width).init("zeros")),
+        GemmaModel(p));
+}
+
+Pi0FastImpl::Pi0FastImpl(Pi0FastOptions o, Siglip vision_tower, nn::Dense projector_linear, GemmaModel lm)
+    : options_(std::move(o)) {
+  if (options_.paligemma.vocab_size <= 0)
+    throw UserError("pi0-FAST's language model needs a token embedding (vocab_size > 0)");
+  options_.paligemma.cond_dim = 0;
+  build(std::move(vision_tower), std::move(projector_linear), std::move(lm));
+}
+
+void Pi0FastImpl::build(Siglip vision_tower, nn::Dense projector_linear, GemmaModel lm) {
   auto pg_model = holder(*holder(*this, "paligemma"), "model");
-  vision = holder(*pg_model, "vision_tower")->register_module("vision_model", Siglip(options_.siglip));
-  projector = holder(*pg_model, "multi_modal_projector")
-                  ->register_module("linear", nn::Dense(nn::DenseOptions(options_.siglip.width, p.width).init("zeros")));
-  language_model = pg_model->register_module("language_model", GemmaModel(p));
+  vision = holder(*pg_model, "vision_tower")->register_module("vision_model", std::move(vision_tower));
+  projector = holder(*pg_model, "multi_modal_projector")->register_module("linear", std::move(projector_linear));
+  language_model = pg_model->register_module("language_model", std::move(lm));
 }
 
 Pi0FastImpl::Embedded Pi0FastImpl::embed_inputs(const Observation& obs, const torch::Tensor& token_ar_mask) {
   const int64_t n_cam = static_cast<int64_t>(obs.images.size());
   PI0_CHECK(n_cam > 0 && obs.image_masks.size() == obs.images.size(), "one image mask per camera expected");
   const int64_t b = obs.images[0].size(0);
-  const auto img = projector->forward(vision->forward(torch::cat(obs.images, 0), torch::kFloat32, 0));
+  // SigLIP checkpoints its own layers; only a pass that builds a graph recomputes anything.
+  const auto img = projector->forward(vision->forward(torch::cat(obs.images, 0), compute_dtype_,
+                                                      torch::GradMode::is_enabled() ? ckpt_vision_ : 0));
   const int64_t p = img.size(1);
   std::vector<torch::Tensor> embs, pads, ars;
   for (int64_t c = 0; c < n_cam; ++c) {
@@ -38,7 +53,7 @@ Pi0FastImpl::Embedded Pi0FastImpl::embed_inputs(const Observation& obs, const to
     pads.push_back(obs.image_masks[c].to(torch::kBool).view({b, 1}).expand({b, p}));
     ars.push_back(torch::zeros({b, p}, pads.back().options()));
   }
-  embs.push_back(language_model->embed(obs.tokenized_prompt.to(torch::kLong)).to(torch::kFloat32));
+  embs.push_back(language_model->embed(obs.tokenized_prompt.to(torch::kLong)).to(compute_dtype_));
   pads.push_back(obs.tokenized_prompt_mask.to(torch::kBool));
   ars.push_back(token_ar_mask.to(torch::kBool));
   return {torch::cat(embs, 1), torch::cat(pads, 1), torch::cat(ars, 1)};
@@ -52,21 +67,31 @@ torch::Tensor Pi0FastImpl::transformer(torch::Tensor x, const torch::Tensor& mas
   const auto rope = nn::rope_tables(positions, d, torch::kFloat32);
   for (int64_t l = 0; l < o.depth; ++l) {
     auto& layer = language_model->layers[static_cast<size_t>(l)];
-    const auto h = layer->input_layernorm->forward(x).first;
-    // openpi scales q after RoPE.
-    auto q = nn::apply_rope(layer->self_attn->q_proj->forward(h).view({b, t, n, d}), rope) *
-             (1.0 / std::sqrt(static_cast<double>(d)));
-    auto k = nn::apply_rope(layer->self_attn->k_proj->forward(h).view({b, t, kv, d}), rope);
-    auto v = layer->self_attn->v_proj->forward(h).view({b, t, kv, d});
-    if (k_cache) {
-      auto& kc = (*k_cache)[static_cast<size_t>(l)];
-      auto& vc = (*v_cache)[static_cast<size_t>(l)];
-      kc.narrow(1, write_at, t).copy_(k);
-      vc.narrow(1, write_at, t).copy_(v);
-      k = kc, v = vc;
+    // By value: under checkpointing the recomputation runs in backward, after this function has returned.
+    auto run_layer = [layer, rope, mask, b, t, n, kv, d, k_cache, v_cache, l, write_at](const torch::Tensor& x_in) mutable {
+      const auto h = layer->input_layernorm->forward(x_in).first;
+      // openpi scales q after RoPE.
+      auto q = nn::apply_rope(layer->self_attn->q_proj->forward(h).view({b, t, n, d}), rope) *
+               (1.0 / std::sqrt(static_cast<double>(d)));
+      auto k = nn::apply_rope(layer->self_attn->k_proj->forward(h).view({b, t, kv, d}), rope);
+      auto v = layer->self_attn->v_proj->forward(h).view({b, t, kv, d});
+      if (k_cache) {
+        auto& kc = (*k_cache)[static_cast<size_t>(l)];
+        auto& vc = (*v_cache)[static_cast<size_t>(l)];
+        kc.narrow(1, write_at, t).copy_(k);
+        vc.narrow(1, write_at, t).copy_(v);
+        k = kc, v = vc;
+      }
+      auto y = x_in + layer->self_attn->o_proj->forward(joint_attention(q, k, v, mask));
+      return y + layer->mlp->forward(layer->post_attention_layernorm->forward(y).first);
+    };
+    // Training only (no cache): the layer's activations are recomputed in backward instead of kept.
+    if (!k_cache && l < ckpt_language_ && torch::GradMode::is_enabled()) {
+      x = nn::checkpoint([run_layer](const nn::TensorList& in) mutable { return nn::TensorList{run_layer(in[0])}; },
+                         {x}, *layer)[0];
+    } else {
+      x = run_layer(x);
     }
-    x = x + layer->self_attn->o_proj->forward(joint_attention(q, k, v, mask));
-    x = x + layer->mlp->forward(layer->post_attention_layernorm->forward(x).first);
   }
   return language_model->norm->forward(x).first;
 }

@@ -40,6 +40,9 @@ struct Pi0FastOptions {
 class Pi0FastImpl : public torch::nn::Module {
  public:
   explicit Pi0FastImpl(Pi0FastOptions o);
+  /// A view over modules that already exist (model::Pi0Impl's pi0-FAST variant: PaliGemmaWithExpert without its
+  /// expert), registered under the same names; the parameters are shared, not copied.
+  Pi0FastImpl(Pi0FastOptions o, Siglip vision, nn::Dense projector, GemmaModel language_model);
 
   struct Embedded {
     torch::Tensor embs;      ///< [B,T,W] float32
@@ -72,6 +75,13 @@ class Pi0FastImpl : public torch::nn::Module {
 
   /// Rows of logits computed at once in compute_loss ([rows, V] float32 each); tests shrink it.
   void set_logit_chunk(int64_t rows) { logit_chunk_ = rows; }
+  /// Dtype of the activations (float32, or bfloat16 under train.precision bf16-mixed / bf16); the logits, their
+  /// softmax and the loss stay float32 whatever this is, as do norms and attention softmax.
+  void set_compute_dtype(torch::ScalarType dtype) { compute_dtype_ = dtype; }
+  torch::ScalarType compute_dtype() const { return compute_dtype_; }
+  /// Gradient checkpointing in compute_loss: the first `vision` SigLIP layers and the first `language` Gemma layers
+  /// are recomputed in backward (model::CheckpointedLayers' meaning); decoding never checkpoints.
+  void set_checkpointed_layers(int64_t vision, int64_t language) { ckpt_vision_ = vision, ckpt_language_ = language; }
   const Pi0FastOptions& options() const { return options_; }
 
   Siglip vision{nullptr};
@@ -88,8 +98,12 @@ class Pi0FastImpl : public torch::nn::Module {
   /// pre_logits [..., W] → logits [..., V] float32 against the tied embedding.
   torch::Tensor logits(const torch::Tensor& pre_logits) const;
 
+  void build(Siglip vision, nn::Dense projector, GemmaModel language_model);
+
   Pi0FastOptions options_;
   int64_t logit_chunk_ = 256;
+  torch::ScalarType compute_dtype_ = torch::kFloat32;
+  int64_t ckpt_vision_ = 0, ckpt_language_ = 0;
 };
 TORCH_MODULE(Pi0Fast);
 

@@ -36,18 +36,18 @@ ValidationSetId validation_set_id(const config::Config& cfg, const DataPipeline&
 
 }  // namespace
 
-std::shared_ptr<const data::FastTokenizer> load_ki_fast_tokenizer(const config::Config& cfg,
-                                                                  const data::Tokenizer& spm) {
-  const auto& ki = cfg.train.ki;
-  if (!ki.enabled) return nullptr;
-  const std::string key = "train.ki.fast_tokenizer";
-  if (!pi0::posix_fs::exists(ki.fast_tokenizer)) {
-    throw UserError(key + ": folder '" + ki.fast_tokenizer + "' does not exist (expected a FAST tokenizer folder with "
-                    "processor_config.json and tokenizer.json, docs/fast.md)" + relative_path_note(ki.fast_tokenizer));
+namespace {
+
+// The FAST tokenizer folder `dir` of config key `key`, checked against openpi's map into `spm`'s vocabulary.
+std::shared_ptr<const data::FastTokenizer> load_fast_tokenizer(const std::string& key, const std::string& dir,
+                                                               const config::Config& cfg, const data::Tokenizer& spm) {
+  if (!pi0::posix_fs::exists(dir)) {
+    throw UserError(key + ": folder '" + dir + "' does not exist (expected a FAST tokenizer folder with "
+                    "processor_config.json and tokenizer.json, docs/fast.md)" + relative_path_note(dir));
   }
   std::shared_ptr<const data::FastTokenizer> fast;
   try {
-    fast = std::make_shared<const data::FastTokenizer>(ki.fast_tokenizer);
+    fast = std::make_shared<const data::FastTokenizer>(dir);
   } catch (const UserError& e) {
     throw UserError(key + ": " + e.what());
   }
@@ -60,6 +60,21 @@ std::shared_ptr<const data::FastTokenizer> load_ki_fast_tokenizer(const config::
                     "use a smaller FAST tokenizer or PaliGemma's SentencePiece model");
   }
   return fast;
+}
+
+}  // namespace
+
+std::shared_ptr<const data::FastTokenizer> load_ki_fast_tokenizer(const config::Config& cfg,
+                                                                  const data::Tokenizer& spm) {
+  if (!cfg.train.ki.enabled) return nullptr;
+  return load_fast_tokenizer("train.ki.fast_tokenizer", cfg.train.ki.fast_tokenizer, cfg, spm);
+}
+
+std::shared_ptr<const data::FastPromptTokenizer> load_fast_prompt_tokenizer(
+    const config::Config& cfg, std::shared_ptr<const data::Tokenizer> spm) {
+  if (cfg.model.type != "pi0_fast") return nullptr;
+  auto fast = load_fast_tokenizer("model.fast_tokenizer", cfg.model.fast_tokenizer, cfg, *spm);
+  return std::make_shared<const data::FastPromptTokenizer>(std::move(spm), std::move(fast));
 }
 
 DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, int64_t rank, int64_t world_size,
@@ -77,6 +92,18 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
                     " tokens but model.vocab_size is " + std::to_string(cfg.model.vocab_size));
   }
   const auto fast = load_ki_fast_tokenizer(cfg, *tokenizer);
+  const auto fast_prompt = load_fast_prompt_tokenizer(cfg, tokenizer);
+  if (cfg.train.subtask.enabled) {
+    // Decoding starts after the cue, and a block must hold the cue, one text token and EOS.
+    const auto& st = cfg.train.subtask;
+    const auto cue = static_cast<int64_t>(tokenizer->encode(st.cue).size());
+    if (cue == 0)
+      throw UserError("train.subtask.cue: '" + st.cue + "' has no tokens in " + cfg.data.tokenizer +
+                      ", expected text the subtask follows (e.g. 'Subtask: ')");
+    if (st.max_tokens < cue + 2)
+      throw UserError("train.subtask.max_tokens: got " + std::to_string(st.max_tokens) + ", expected >= " +
+                      std::to_string(cue + 2) + " (the cue's " + std::to_string(cue) + " tokens, a text token and EOS)");
+  }
   const auto entries = config::dataset_entries(cfg);
   for (size_t i = 0; i < entries.size(); ++i) {
     // Each entry through the single-dataset path: its own options, norm stats and transform.
@@ -89,6 +116,11 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
     auto transform = data::transform_options(one);
     transform.fast_tokenizer = fast;
     transform.max_fast_tokens = cfg.train.ki.max_fast_tokens;
+    transform.fast_prompt = fast_prompt;
+    if (cfg.train.subtask.enabled) {
+      transform.max_subtask_tokens = cfg.train.subtask.max_tokens;
+      transform.subtask_cue = cfg.train.subtask.cue;
+    }
     s.transform = std::make_shared<const data::SampleTransform>(transform,
                                                                 data::load_config_norm_stats(one, data::norm_stats_key(cfg, i)), tokenizer);
     s.transform->check_dims(s.dataset->state_dim(), s.dataset->action_dim(), key,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "pi0/config/config.h"
+#include "pi0/data/fast_prompt.h"
 #include "pi0/data/fast_tokenizer.h"
 #include "pi0/data/loader.h"
 #include "pi0/data/tokenizer.h"
@@ -29,6 +30,10 @@ struct DataPipeline {
 /// train.ki's FAST tokenizer (null when KI is off). UserError naming train.ki.fast_tokenizer when the folder is missing or
 /// unreadable, or when its vocabulary does not fit openpi's map into `spm`'s vocabulary.
 std::shared_ptr<const data::FastTokenizer> load_ki_fast_tokenizer(const config::Config& cfg, const data::Tokenizer& spm);
+/// model.type pi0_fast's token layout over `spm` and model.fast_tokenizer (null for the other model types); UserError
+/// naming model.fast_tokenizer as load_ki_fast_tokenizer does.
+std::shared_ptr<const data::FastPromptTokenizer> load_fast_prompt_tokenizer(const config::Config& cfg,
+                                                                            std::shared_ptr<const data::Tokenizer> spm);
 /// The whole pipeline for `rank` of `world_size`; `local_batch` samples per next(), starting at `start`.
 DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, int64_t rank, int64_t world_size,
                                 data::LoaderPosition start = {});

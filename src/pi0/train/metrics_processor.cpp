@@ -96,6 +96,23 @@ std::map<std::string, double> MetricsProcessor::close(Interval& iv, double lr, d
     record["flow_loss"] = sums[1].item<double>() / n;
     record["fast_acc"] = sums[2].item<double>() / std::max(sums[3].item<double>(), 1.0);
   }
+  if (iv.fast_steps > 0) {
+    // One model type per run: every rank takes this collective, or none does.
+    auto sums = torch::tensor({iv.fast_correct, iv.fast_targets}, torch::kFloat64);
+    if (pg_) pg_->all_reduce_sum(sums, "pi0-FAST accuracy");
+    record["fast_acc"] = sums[0].item<double>() / std::max(sums[1].item<double>(), 1.0);
+  }
+  if (iv.sub_steps > 0) {
+    // As the KI metrics: one config, so every rank takes this collective or none does.
+    auto sums = torch::tensor({iv.sub_ce, iv.sub_correct, iv.sub_targets}, torch::kFloat64);
+    double ranks = 1;
+    if (pg_) {
+      pg_->all_reduce_sum(sums, "subtask metrics");
+      ranks = static_cast<double>(world_size_);
+    }
+    record["ce_subtask"] = sums[0].item<double>() / (static_cast<double>(iv.sub_steps) * ranks);
+    record["subtask_acc"] = sums[1].item<double>() / std::max(sums[2].item<double>(), 1.0);
+  }
   if (comm_) {
     // Per step: the gradient all-reduce span (first bucket launched → last done) and the part of it backward
     // did not hide (time in wait()).
@@ -119,6 +136,17 @@ void MetricsProcessor::add_ki(double ce, double flow, double correct, double tar
   for (Interval* iv : {&log_, &record_}) {
     iv->ki_ce += ce, iv->ki_flow += flow, iv->ki_correct += correct, iv->ki_targets += targets;
     ++iv->ki_steps;
+  }
+}
+
+void MetricsProcessor::add_fast_accuracy(double correct, double targets) {
+  for (Interval* iv : {&log_, &record_}) iv->fast_correct += correct, iv->fast_targets += targets, ++iv->fast_steps;
+}
+
+void MetricsProcessor::add_subtask(double ce, double correct, double targets) {
+  for (Interval* iv : {&log_, &record_}) {
+    iv->sub_ce += ce, iv->sub_correct += correct, iv->sub_targets += targets;
+    ++iv->sub_steps;
   }
 }
 
@@ -150,8 +178,14 @@ void MetricsProcessor::log(int64_t step, double loss, double grad_norm, double l
   if (line.count("ce_fast"))
     std::snprintf(ki, sizeof ki, " (ce_fast %.4f, flow %.4f, fast_acc %.3f)", line.at("ce_fast"), line.at("flow_loss"),
                   line.at("fast_acc"));
-  spdlog::info("step {}/{} | loss {:.4f}{}{} | grad_norm {:.3f} | lr {:.2e} | {}{} | ETA {}", step, num_steps_,
-               line.at("loss"), ki, val, grad_norm, lr, speed, host,
+  else if (line.count("fast_acc"))
+    std::snprintf(ki, sizeof ki, " (fast_acc %.3f)", line.at("fast_acc"));
+  char sub[64] = "";
+  if (line.count("ce_subtask"))
+    std::snprintf(sub, sizeof sub, " (ce_subtask %.4f, subtask_acc %.3f)", line.at("ce_subtask"),
+                  line.at("subtask_acc"));
+  spdlog::info("step {}/{} | loss {:.4f}{}{}{} | grad_norm {:.3f} | lr {:.2e} | {}{} | ETA {}", step, num_steps_,
+               line.at("loss"), ki, sub, val, grad_norm, lr, speed, host,
                format_duration(step_time * static_cast<double>(num_steps_ - step)));
 }
 

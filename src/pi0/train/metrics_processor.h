@@ -60,6 +60,12 @@ class MetricsProcessor {
   /// the ranks: ce_fast, flow_loss, and fast_acc (FAST targets predicted by the argmax / all FAST targets); the
   /// progress line shows them too.
   void add_ki(double ce, double flow, double correct, double targets);
+  /// train.subtask: the subtask cross-entropy and accuracy parts of the step about to be log()ged
+  /// (StepResult::Subtask): the record gets ce_subtask and subtask_acc, interval means over the ranks.
+  void add_subtask(double ce, double correct, double targets);
+  /// model.type pi0_fast: the step's FAST targets predicted by the argmax and all its FAST targets (summed over the
+  /// micro-batches); the record and the progress line get fast_acc over the interval and the ranks.
+  void add_fast_accuracy(double correct, double targets);
 
   /// A validation pass at `step` (values already reduced over ranks): rank 0 writes {"step", "val_loss",
   /// "val_action_mse"} to metrics.jsonl and a line to the log; later progress lines show the latest val_loss. With
@@ -87,6 +93,10 @@ class MetricsProcessor {
     int64_t offload_steps = 0;
     double ki_ce = 0, ki_flow = 0, ki_correct = 0, ki_targets = 0;  // summed over ki_steps
     int64_t ki_steps = 0;
+    double sub_ce = 0, sub_correct = 0, sub_targets = 0;  // summed over sub_steps
+    int64_t sub_steps = 0;
+    double fast_correct = 0, fast_targets = 0;  // pi0_fast, summed over fast_steps
+    int64_t fast_steps = 0;
     distributed::GradReducerStats comm_start;
   };
   /// The interval's record (mean loss over ranks, speed, communication); starts the next interval. Collective.

@@ -328,6 +328,8 @@ int64_t Trainer::run() {
       }
       ProfileScope metrics(phase::kMetrics);
       if (result.ki) metrics_->add_ki(result.ki->ce, result.ki->flow, result.ki->correct, result.ki->targets);
+      if (result.subtask) metrics_->add_subtask(result.subtask->ce, result.subtask->correct, result.subtask->targets);
+      if (result.fast) metrics_->add_fast_accuracy(result.fast->correct, result.fast->targets);
       metrics_->log(step_, result.loss, result.grad_norm, lr);
     }
     const bool save = step_ % ck.save_interval == 0 || (step_ == t.num_steps && options_.final_checkpoint) || result.stop;
@@ -475,6 +477,10 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   torch::Tensor loss_sum;
   // train.ki: [ce, flow, correct, targets] summed over the micro-batches, read with the loss.
   torch::Tensor ki_sum;
+  // pi0_fast: [correct, targets] summed over the micro-batches, read with the loss.
+  torch::Tensor fast_sum;
+  // train.subtask: [ce, correct, targets] summed over the micro-batches, read with the loss.
+  torch::Tensor subtask_sum;
   for (int64_t micro = 0; micro < n_micro; ++micro) {
     if (offload_) {
       ProfileScope offload(phase::kOffload);
@@ -489,7 +495,16 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
     const auto actions = batch.actions.to(device_, async);
     const int64_t b = actions.size(0);
     torch::Tensor noise, time;
-    if (noise_time) {
+    torch::Tensor loss;
+    if (model_->is_fast()) {
+      // pi0-FAST: openpi's cross-entropy over the FAST layout; no noise, time or action positions.
+      PI0_CHECK(batch.token_ar_mask.defined(), "model.type pi0_fast but the batch has no token masks");
+      const auto fl = model_->compute_fast_loss(obs, batch.token_ar_mask.to(device_, async),
+                                                batch.token_loss_mask.to(device_, async));
+      loss = fl.loss.mean();
+      const auto parts = torch::stack({fl.correct.sum(), fl.targets.sum()}).to(torch::kFloat64);
+      fast_sum = micro == 0 ? parts : fast_sum + parts;
+    } else if (noise_time) {
       noise = noise_time->noise[static_cast<size_t>(micro)].to(device_, torch::kFloat32);
       time = noise_time->time[static_cast<size_t>(micro)].to(device_, torch::kFloat32);
     } else {
@@ -503,7 +518,7 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
     // The positions that count in the loss: all (openpi), or those train.loss_mask and real-time chunking keep,
     // a pooled mean over them.
     torch::Tensor kept, elementwise;
-    if (t.rtc_max_delay > 0) {
+    if (!loss.defined() && t.rtc_max_delay > 0) {
       // Training-time real-time chunking: each example's first d actions enter clean (t = 0) and leave the loss.
       // Drawn like the times (global micro-batch, own slice).
       const int64_t h = actions.size(1);
@@ -515,26 +530,52 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
       kept = model::rtc_loss_mask(delays, h, f32.device(device_)).unsqueeze(-1);
     }
     std::optional<model::Pi0Impl::KiLoss> ki;
-    if (t.ki.enabled) {
-      PI0_CHECK(batch.fast_tokens.defined(), "train.ki is on but the batch has no FAST block");
-      ki = model_->compute_ki_loss(obs, actions, batch.fast_tokens.to(device_, async), batch.fast_mask.to(device_, async),
-                                   /*stop_gradient=*/true, noise, time);
+    if (loss.defined()) {
+      // pi0-FAST: the loss is made above.
+    } else if (t.ki.enabled || t.subtask.enabled) {
+      // [images; prompt; subtask; FAST]: the expert reads the subtask block (teacher-forced) but never the FAST one,
+      // through a stop-gradient of the backbone's keys/values under insulation (docs/ki.md, docs/subtask.md).
+      model::Pi0Impl::PrefixBlocks blocks;
+      if (t.ki.enabled) {
+        PI0_CHECK(batch.fast_tokens.defined(), "train.ki is on but the batch has no FAST block");
+        blocks.fast_tokens = batch.fast_tokens.to(device_, async);
+        blocks.fast_mask = batch.fast_mask.to(device_, async);
+      }
+      if (t.subtask.enabled) {
+        PI0_CHECK(batch.subtask_tokens.defined(), "train.subtask is on but the batch has no subtask block");
+        blocks.subtask_tokens = batch.subtask_tokens.to(device_, async);
+        blocks.subtask_mask = batch.subtask_mask.to(device_, async);
+        blocks.subtask_targets = batch.subtask_targets.to(device_, async);
+      }
+      ki = model_->compute_prefix_loss(obs, actions, blocks, /*stop_gradient=*/t.ki.enabled, noise, time);
       elementwise = ki->flow;
     } else {
       elementwise = model_->compute_loss(obs, actions, noise, time);
     }
-    if (const auto lm = config::loss_mask(t); lm.any()) {
+    if (const auto lm = config::loss_mask(t); lm.any() && !model_->is_fast()) {
       const auto m = model::action_loss_mask(batch.action_rows, batch.action_dims, actions.size(1), actions.size(2),
                                              lm.episode_end, lm.action_padding, f32.device(device_));
       kept = kept.defined() ? kept * m : m;
     }
-    torch::Tensor loss = kept.defined() ? model::masked_mean(elementwise, kept) : elementwise.mean();
+    if (!loss.defined()) loss = kept.defined() ? model::masked_mean(elementwise, kept) : elementwise.mean();
     if (ki) {
-      const auto ce = ki->ce.mean();
-      const auto parts = torch::stack({ce.detach(), loss.detach(), ki->correct.sum(), ki->targets.sum()})
-                             .to(torch::kFloat64);
-      ki_sum = micro == 0 ? parts : ki_sum + parts;
-      loss = t.ki.ce_weight * ce + t.ki.flow_weight * loss;
+      // loss = ce_weight·CE_F + weight·CE_T + flow_weight·FM (flow_weight 1 and no CE_F without insulation).
+      torch::Tensor total = t.ki.enabled ? t.ki.flow_weight * loss : loss;
+      if (t.ki.enabled) {
+        const auto ce = ki->ce.mean();
+        const auto parts = torch::stack({ce.detach(), loss.detach(), ki->correct.sum(), ki->targets.sum()})
+                               .to(torch::kFloat64);
+        ki_sum = micro == 0 ? parts : ki_sum + parts;
+        total = total + t.ki.ce_weight * ce;
+      }
+      if (t.subtask.enabled) {
+        const auto ce = ki->subtask_ce.mean();
+        const auto parts =
+            torch::stack({ce.detach(), ki->subtask_correct.sum(), ki->subtask_targets.sum()}).to(torch::kFloat64);
+        subtask_sum = micro == 0 ? parts : subtask_sum + parts;
+        total = total + t.subtask.weight * ce;
+      }
+      loss = total;
     }
     forward.end();
     ProfileScope backward(phase::kBackward);
@@ -563,7 +604,18 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
     const auto sum_sq = offload_grads ? offload_->gradient_sum_of_squares() : gradient_sum_of_squares(grads);
     auto read = torch::stack({loss_sum, sum_sq.defined() ? sum_sq.to(loss_sum.device()) : torch::zeros_like(loss_sum)});
     if (ki_sum.defined()) read = torch::cat({read, ki_sum});
+    const int64_t subtask_at = read.size(0);
+    if (subtask_sum.defined()) read = torch::cat({read, subtask_sum});
+    if (fast_sum.defined()) read = torch::cat({read, fast_sum});
     const auto host = read.cpu();
+    if (subtask_sum.defined()) {
+      result.subtask = StepResult::Subtask{host[subtask_at].item<double>() / static_cast<double>(n_micro),
+                                           host[subtask_at + 1].item<double>(), host[subtask_at + 2].item<double>()};
+    }
+    if (fast_sum.defined()) {
+      const int64_t at = host.size(0) - 2;
+      result.fast = StepResult::FastAccuracy{host[at].item<double>(), host[at + 1].item<double>()};
+    }
     result.loss = host[0].item<double>() / static_cast<double>(n_micro);
     if (ki_sum.defined()) {
       result.ki = StepResult::Ki{host[2].item<double>() / static_cast<double>(n_micro),

@@ -83,6 +83,21 @@ struct StepResult {
     double targets = 0.0;   ///< FAST targets (sum)
   };
   std::optional<Ki> ki;
+  /// model.type pi0_fast: loss is openpi's pi0-FAST cross-entropy (per-example mean over the FAST layout's loss-masked
+  /// targets, batch mean); its accuracy's parts, sums over the micro-batches (this rank).
+  struct FastAccuracy {
+    double correct = 0.0;  ///< targets predicted by the argmax
+    double targets = 0.0;  ///< loss-masked targets
+  };
+  std::optional<FastAccuracy> fast;
+  /// train.subtask: the subtask cross-entropy (per-example mean over its targets, batch mean; mean over the
+  /// micro-batches) and its accuracy's parts (sums); the loss adds train.subtask.weight times the cross-entropy.
+  struct Subtask {
+    double ce = 0.0;
+    double correct = 0.0;
+    double targets = 0.0;
+  };
+  std::optional<Subtask> subtask;
 };
 
 class Trainer {

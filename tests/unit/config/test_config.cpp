@@ -92,7 +92,7 @@ TEST_CASE("out-of-range values name the key and what was expected", "[unit][conf
   REQUIRE_THROWS_WITH(parse("train: {ema_decay: 1.5}"), Contains("train.ema_decay must be in [0, 1)"));
   REQUIRE_THROWS_WITH(parse("train: {batch_size: 6, grad_accum_steps: 4}"),
                       Contains("train.batch_size must be a multiple of train.grad_accum_steps (4) (got 6)"));
-  REQUIRE_THROWS_WITH(parse("model: {type: pi1}"), Contains("model.type must be pi0 or pi05 (got 'pi1')"));
+  REQUIRE_THROWS_WITH(parse("model: {type: pi1}"), Contains("model.type must be pi0, pi05 or pi0_fast (got 'pi1')"));
   REQUIRE_THROWS_WITH(parse("data:\n  dataset: {format: rlds, paths: [x]}\n"),
                       Contains("data.dataset.format must be libero, aloha or lerobot (got 'rlds')"));
   REQUIRE_THROWS_WITH(parse("", {"train.batch_size"}), Contains("--set expects section.key=value"));

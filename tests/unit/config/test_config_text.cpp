@@ -27,7 +27,7 @@ TEST_CASE("config text: shortest round-trip numbers, compact, parses back to the
     }
   }
   CHECK(longest <= 118);
-  CHECK(lines <= 20);
+  CHECK(lines <= 24);  // grows with the keys (model.type pi0_fast and train.subtask added four lines)
   CHECK(text.back() != '\n');
   // Valid YAML for the same config (a comma inside a quoted prompt does not split it).
   const auto again = config::parse_config(YAML::Load(text), "compact");
