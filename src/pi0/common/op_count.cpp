@@ -49,11 +49,19 @@ void count_kernel(const char* name) {
   }
 }
 
+// Ranges that group operations without being one: autograd's node evaluations ("autograd::engine::evaluate_function:
+// MmBackward0", FUNCTION scope on LibTorch 1.13) and Tensor::backward's own dispatch. The operations inside them are
+// the kernels, counted as top-level ones.
+bool is_grouping(const char* name) {
+  return std::strncmp(name, "autograd::", 10) == 0 || std::strcmp(name, "aten::_backward") == 0;
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (fn.scope() == at::RecordScope::USER_SCOPE) {  // a ProfileScope (only registered for a tallying counter)
     if (t_phases) t_phases->emplace_back(fn.name());
     return nullptr;
   }
+  if (is_grouping(fn.name())) return nullptr;
   if (t_count) {
     ++t_count->all;
     const char* name = fn.name();
@@ -76,6 +84,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     if (t_phases && !t_phases->empty()) t_phases->pop_back();
     return;
   }
+  if (is_grouping(fn.name())) return;
   --t_depth;
 }
 }  // namespace

@@ -88,7 +88,9 @@ StepCensus census_training_step(model::Pi0Impl& model, const model::Batch& batch
     const auto loss = model.compute_loss(batch.observation, batch.actions, noise, time).mean();
     forward.end();
     ProfileScope backward(phase::kBackward);
-    loss.backward();
+    // The engine directly: Tensor::backward() is itself an ATen operation (aten::_backward), which would make every
+    // operation of backward a nested one, uncounted as a kernel.
+    torch::autograd::backward({loss});
     backward.end();
     c.ops = counter.count();
     c.kernels = counter.tally();
