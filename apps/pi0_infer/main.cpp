@@ -210,6 +210,13 @@ int infer_main(int argc, char** argv) {
     info["rtc"] = mode;
     info["inference_delay"] = std::to_string(rtc.delay);
   }
+  if (!predicted.subtasks.empty()) {
+    // A model trained with train.subtask decoded its subtask before acting on it (docs/subtask.md).
+    for (size_t b = 0; b < predicted.subtasks.size(); ++b)
+      std::printf("subtask[%zu]: %s\n", b, predicted.subtasks[b].c_str());
+    info["subtask"] = nlohmann::json(predicted.subtasks).dump();
+    std::printf("model call (subtask decoding and sampling): %.3f ms\n", predicted.model_ms);
+  }
   std::printf("prefix pass: %.3f ms\n", timing.prefix_ms);
   for (size_t i = 0; i < timing.step_ms.size(); ++i)
     std::printf("denoise step %zu/%zu: %.3f ms\n", i + 1, timing.step_ms.size(), timing.step_ms[i]);

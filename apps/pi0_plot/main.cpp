@@ -34,8 +34,9 @@ int plot_main(int argc, char** argv) {
       cli->add_option("--keys", keys,
                       "metrics to draw against 'step', one panel each, comma-separated ('lr' falls back to "
                       "'learning_rate'); when not given and the file has validation records, also val_loss drawn "
-                      "over the loss in its panel and a val_action_mse panel after it, and for a train.ki run ce_fast, "
-                      "flow_loss and fast_acc panels")
+                      "over the loss in its panel and a val_action_mse panel after it, for a train.subtask run "
+                      "ce_subtask and subtask_acc panels, and for a train.ki run ce_fast, flow_loss and fast_acc "
+                      "panels")
           ->delimiter(',');
   cli->add_option("--log-y", log_keys,
                   "metrics drawn on a logarithmic axis when all their values are positive, comma-separated")
@@ -66,6 +67,8 @@ int plot_main(int argc, char** argv) {
   if (default_keys && in_file("val_action_mse")) keys.insert(keys.begin() + 1, "val_action_mse");
   // A knowledge-insulation run (train.ki): its loss parts, each in a panel of its own before the learning rate.
   if (default_keys && in_file("ce_fast")) keys.insert(keys.end() - 1, {"ce_fast", "flow_loss", "fast_acc"});
+  // A subtask-prediction run (train.subtask): its cross-entropy and accuracy, likewise.
+  if (default_keys && in_file("ce_subtask")) keys.insert(keys.end() - 1, {"ce_subtask", "subtask_acc"});
 
   const std::vector<pi0::train::Rgb> colors = {{31, 119, 180}, {214, 39, 40}, {44, 160, 44}, {148, 103, 189}};
   const pi0::train::Rgb val_color = {255, 127, 14};  // none of the panel colours

@@ -15,6 +15,7 @@ DatasetOptions dataset_options(const config::Config& cfg, const std::string& key
   static_cast<config::DatasetConfig&>(o) = d;  // the section is DatasetOptions' own first part
   o.action_horizon = cfg.model.action_horizon;
   o.config_key = key;
+  if (cfg.train.subtask.enabled) o.subtask_key = cfg.train.subtask.key;
   return o;
 }
 

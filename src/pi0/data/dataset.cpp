@@ -90,6 +90,44 @@ std::vector<std::string> expand_paths(const std::vector<std::string>& paths, con
 
 namespace {
 
+/// train.subtask from an HDF5 episode (`obj`: its group, "/" for an ALOHA file): the per-frame integer dataset
+/// obj/key indexing the JSON list of texts in obj's attribute `key` (or, LIBERO, data's), or obj's string attribute
+/// `key` (one subtask for the whole episode). UserError naming train.subtask.key otherwise.
+void read_hdf5_subtasks(const H5File& f, const std::string& obj, const std::string& key, EpisodeInfo& ep) {
+  const std::string dset = (obj == "/" ? "" : obj + "/") + key;
+  const std::string where = f.path() + ": train.subtask.key '" + key + "'";
+  if (f.exists(dset) && !f.is_group(dset)) {
+    const auto idx = f.read_doubles(dset);
+    if (static_cast<int64_t>(idx.size()) != ep.length)
+      throw UserError(where + ": dataset " + dset + " has " + std::to_string(idx.size()) + " values, expected one per "
+                      "frame (" + std::to_string(ep.length) + ")");
+    auto table = f.string_attr(obj, key);
+    if (!table && obj.rfind("data/", 0) == 0) table = f.string_attr("data", key);
+    if (!table)
+      throw UserError(where + ": dataset " + dset + " indexes subtask texts, expected a JSON list of them in the "
+                      "attribute '" + key + "' of " + obj + (obj.rfind("data/", 0) == 0 ? " or of data" : ""));
+    try {
+      ep.subtask_table = nlohmann::json::parse(*table).get<std::vector<std::string>>();
+    } catch (const std::exception&) {
+      throw UserError(where + ": attribute '" + key + "' is not a JSON list of strings");
+    }
+    for (const double v : idx) {
+      if (v != std::floor(v) || v >= static_cast<double>(ep.subtask_table.size()))
+        throw UserError(where + ": dataset " + dset + " holds " + std::to_string(v) + ", expected an integer below " +
+                        std::to_string(ep.subtask_table.size()) + " (the texts in its attribute; < 0 = none)");
+      ep.frame_subtasks.push_back(static_cast<int64_t>(v));
+    }
+    return;
+  }
+  if (auto text = f.string_attr(obj, key)) {
+    ep.subtask = *text;
+    return;
+  }
+  throw UserError(where + " is neither a dataset nor a string attribute of " + obj +
+                  " (expected per-frame subtask indices or the episode's subtask text)");
+}
+
+
 /// "KITCHEN_SCENE3_turn_on_the_stove_demo.hdf5" -> "turn on the stove" (LIBERO's file names repeat the instruction).
 std::string prompt_from_file_name(const std::string& path) {
   std::string stem = fs::path(path).stem().string();
@@ -342,6 +380,8 @@ void RobotDataset::add_episode(int64_t file_index, const std::string& group, con
                     "; expected " + options_.config_key + ".cameras to map slots to some of them");
   }
 
+  if (!options_.subtask_key.empty()) read_hdf5_subtasks(f, group.empty() ? "/" : group, options_.subtask_key, ep);
+
   ep.first_index = size_;
   size_ += ep.length;
   episodes_.push_back(std::move(ep));
@@ -363,8 +403,11 @@ void RobotDataset::open_lerobot(int64_t source_index) {
   std::vector<std::string> columns = options_.state_keys;
   if (std::find(columns.begin(), columns.end(), options_.action_key) == columns.end())
     columns.push_back(options_.action_key);
+  const std::string& sub = options_.subtask_key;
+  if (!sub.empty() && std::find(columns.begin(), columns.end(), sub) == columns.end()) columns.push_back(sub);
   const int64_t remaining = options_.max_episodes > 0 ? options_.max_episodes - num_episodes() : 0;
-  lerobot_.push_back(std::make_unique<LeRobotSource>(root, columns, remaining, /*video_threads=*/1, options_.config_key));
+  lerobot_.push_back(
+      std::make_unique<LeRobotSource>(root, columns, remaining, /*video_threads=*/1, options_.config_key, sub));
   const LeRobotSource& src = *lerobot_.back();
   // Camera keys must be image or video features; a missing one is an error listing the features (unlike HDF5,
   // where per-file absence is tolerated, a LeRobot dataset declares its features once).
@@ -408,6 +451,16 @@ void RobotDataset::open_lerobot(int64_t source_index) {
     ep.camera_jpeg.assign(slot_keys.size(), false);
     if (options_.prompt.empty()) ep.frame_tasks = le.task_index;
     else ep.prompt = options_.prompt;
+    if (!sub.empty()) {
+      // An index into meta/tasks, as task_index is (LeRobot keeps every text of a dataset there); < 0 = none.
+      const auto col = le.columns.at(sub).reshape({-1}).to(torch::kFloat64).contiguous();
+      const double* values = col.data_ptr<double>();
+      for (int64_t i = 0; i < ep.length; ++i) {
+        const double v = values[i];
+        if (v >= 0) src.task(static_cast<int64_t>(v));  // checked now, not at the first sample that reads it
+        ep.frame_subtasks.push_back(v < 0 ? -1 : static_cast<int64_t>(v));
+      }
+    }
     ep.first_index = size_;
     size_ += ep.length;
     episodes_.push_back(std::move(ep));
@@ -457,6 +510,13 @@ RawSample RobotDataset::get(int64_t index) const {
   s.episode = e;
   s.frame = t;
   s.prompt = ep.frame_tasks.empty() ? ep.prompt : lerobot_source(ep.file).task(ep.frame_tasks[static_cast<size_t>(t)]);
+  if (!ep.frame_subtasks.empty()) {
+    const int64_t k = ep.frame_subtasks[static_cast<size_t>(t)];
+    if (k >= 0)
+      s.subtask = options_.format == "lerobot" ? lerobot_source(ep.file).task(k) : ep.subtask_table.at(static_cast<size_t>(k));
+  } else {
+    s.subtask = ep.subtask;
+  }
   s.state = ep.state[t].clone();
   s.actions = action_chunk(e, t);
   s.valid_rows = std::min(options_.action_horizon, ep.length - t);

@@ -36,6 +36,8 @@ struct DatasetOptions : config::DatasetConfig {
   /// The config section these options come from, named in messages about its keys: "data.dataset", or the mixture
   /// entry "data.datasets[1]" (data::dataset_options sets it); "dataset" when they come from no config.
   std::string config_key = "dataset";
+  /// train.subtask.key: where each frame's subtask text is (RawSample::subtask); empty = no subtasks read.
+  std::string subtask_key;
 
   /// A copy with every empty field replaced by the format default; throws UserError for an unknown format.
   DatasetOptions resolved() const;
@@ -49,6 +51,7 @@ struct RawSample {
   torch::Tensor state;                ///< [S] float32
   torch::Tensor actions;              ///< [H,A] float32, rows past the episode end repeat the last action
   std::string prompt;
+  std::string subtask;                ///< train.subtask: this frame's subtask text ("" = none)
   int64_t episode = 0;                ///< episode index in the dataset
   int64_t frame = 0;                  ///< t within the episode
   int64_t valid_rows = 0;             ///< rows of `actions` recorded (min(H, T − t)); the rest repeat the last one
@@ -65,6 +68,11 @@ struct EpisodeInfo {
   std::vector<bool> camera_jpeg;          ///< per slot: rows are JPEG bytes (ALOHA 2 compressed layout)
   int64_t source_episode = 0;             ///< lerobot: index into LeRobotSource::episodes() of source `file`
   std::vector<int64_t> frame_tasks;       ///< lerobot: task_index per frame (prompt from the tasks file), else empty
+  /// train.subtask: per frame an index into subtask_table (HDF5) or the tasks file (lerobot), < 0 = no subtask;
+  /// empty with subtask_table empty: `subtask` for every frame.
+  std::vector<int64_t> frame_subtasks;
+  std::vector<std::string> subtask_table;
+  std::string subtask;
   torch::Tensor state;                    ///< [T,S] float32
   torch::Tensor actions;                  ///< [T,A] float32
 };

@@ -18,6 +18,8 @@ namespace pi0::data {
 namespace {
 
 constexpr const char* kInstruction = "reach the red blob";
+// Per-frame subtasks (train.subtask.key: subtask_index): the phase of the reach, which the image and the state show.
+constexpr const char* kSubtasks[2] = {"move to the red blob", "close the gripper on the blob"};
 
 double clip1(double x) { return std::clamp(x, -1.0, 1.0); }
 
@@ -53,6 +55,7 @@ std::string write_example_libero(const std::string& dir, const ExampleDataOption
     double grip = 0.04;
     std::vector<double> actions, ee_pos, ee_ori, ee_states, gripper_states, joint_states, robot_states, states;
     std::vector<uint8_t> agent(static_cast<size_t>(T * S * S * 3)), wrist(agent.size()), dones(T, 0), rewards(T, 0);
+    std::vector<int64_t> subtask(static_cast<size_t>(T), 0);
     for (int64_t t = 0; t < T; ++t) {
       // Observation at t (before action t).
       for (int k = 0; k < 3; ++k) ee_pos.push_back(pos[k]);
@@ -95,6 +98,7 @@ std::string write_example_libero(const std::string& dir, const ExampleDataOption
       const double a[7] = {clip1(2.0 * (tx - pos[0])), clip1(2.0 * (ty - pos[1])), clip1(2.0 * (tz - pos[2])),
                            clip1(-2.0 * ori[0]), clip1(-2.0 * ori[1]), clip1(-2.0 * ori[2]),
                            dist < 0.08 ? 1.0 : -1.0};
+      subtask[static_cast<size_t>(t)] = dist < 0.08 ? 1 : 0;
       actions.insert(actions.end(), a, a + 7);
       for (int k = 0; k < 3; ++k) pos[k] += 0.1 * a[k] + rng.uniform(-0.002, 0.002);
       for (int k = 0; k < 3; ++k) ori[k] += 0.1 * a[3 + k];
@@ -104,6 +108,7 @@ std::string write_example_libero(const std::string& dir, const ExampleDataOption
     f.write(g + "/actions", {T, 7}, H5T_NATIVE_DOUBLE, actions.data());
     f.write(g + "/dones", {T}, H5T_NATIVE_UINT8, dones.data());
     f.write(g + "/rewards", {T}, H5T_NATIVE_UINT8, rewards.data());
+    f.write(g + "/subtask_index", {T}, H5T_NATIVE_INT64, subtask.data());
     f.write(g + "/states", {T, 19}, H5T_NATIVE_DOUBLE, states.data());
     f.write(g + "/robot_states", {T, 9}, H5T_NATIVE_DOUBLE, robot_states.data());
     f.write(g + "/obs/agentview_rgb", {T, S, S, 3}, H5T_NATIVE_UINT8, agent.data());
@@ -131,6 +136,7 @@ std::string write_example_libero(const std::string& dir, const ExampleDataOption
   f.write_int64_attr("data", "num_demos", o.episodes);
   f.write_string_attr("data", "problem_info", problem.dump());
   f.write_string_attr("data", "tag", "libero-v1");
+  f.write_string_attr("data", "subtask_index", nlohmann::json(std::vector<std::string>(kSubtasks, kSubtasks + 2)).dump());
   f.write_int64_attr("data", "total", o.episodes * T);
   return path;
 }

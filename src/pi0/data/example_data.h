@@ -4,6 +4,9 @@
 // upside down). The task is learnable: a red blob marks a target on the agentview image (fixed per episode), a blue
 // dot marks the end effector; actions[0:3] = clip(2·(target − ee_pos)), actions[3:6] = clip(−2·ee_ori), gripper
 // +1 once within 0.08 of the target, else −1. So the arm action needs both the state and the image.
+// Each frame's subtask (the reach's phase: "move to the red blob", then "close the gripper on the blob" once the
+// gripper closes) is the index data/demo_N/subtask_index into the JSON list in data's attribute subtask_index
+// (train.subtask.key: subtask_index).
 #pragma once
 #include <cstdint>
 #include <string>

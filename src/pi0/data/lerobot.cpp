@@ -137,15 +137,21 @@ struct DecoderCache {
 }  // namespace
 
 LeRobotSource::LeRobotSource(const std::string& root, const std::vector<std::string>& columns, int64_t max_episodes,
-                             int video_threads, std::string config_key)
+                             int video_threads, std::string config_key, const std::string& subtask_key)
     : root_(root), config_key_(std::move(config_key)), video_threads_(video_threads), id_(g_next_source_id++) {
   if (!parquet::available()) parquet::file_info("");  // throws the one-line "built without Arrow" error
   read_info();
   for (const auto& c : columns) {
-    const LeRobotFeature& f = feature(c, config_key_ + ".state_keys / " + config_key_ + ".action_key");
+    const bool subtask = !subtask_key.empty() && c == subtask_key;
+    const std::string role =
+        subtask ? "train.subtask.key" : config_key_ + ".state_keys / " + config_key_ + ".action_key";
+    const LeRobotFeature& f = feature(c, role);
     if (f.dtype == "image" || f.dtype == "video" || f.dtype == "string" || f.dtype == "language")
-      throw UserError(root_ + "/meta/info.json: feature '" + c + "' has dtype " + f.dtype +
-                      ", expected a numeric vector for " + config_key_ + ".state_keys / " + config_key_ + ".action_key");
+      throw UserError(root_ + "/meta/info.json: feature '" + c + "' has dtype " + f.dtype + ", expected " +
+                      (subtask ? "an integer column (an index into meta/tasks)" : "a numeric vector") + " for " + role);
+    if (subtask && f.numel() != 1)
+      throw UserError(root_ + "/meta/info.json: feature '" + c + "' has " + std::to_string(f.numel()) +
+                      " values per frame, expected 1 (an index into meta/tasks) for train.subtask.key");
   }
   read_tasks();
   if (version_ == "v3.0") read_episodes_v3(columns, max_episodes);

@@ -38,15 +38,16 @@ struct LeRobotEpisode {
   std::vector<int64_t> task_index;     ///< [T] the `task_index` column
   std::map<std::string, std::string> video_files;    ///< video feature -> MP4 path
   std::map<std::string, double> video_from_s;        ///< video feature -> episode start inside that MP4 (v3.0)
-  std::map<std::string, torch::Tensor> columns;      ///< numeric feature -> [T,D] float64 (state and action keys)
+  std::map<std::string, torch::Tensor> columns;      ///< numeric feature -> [T,D] float64 (state, action, subtask keys)
 };
 
 class LeRobotSource {
  public:
   /// Reads meta/ and the low-dim `columns` of every episode (at most `max_episodes` if > 0). UserError naming the
   /// file and key for any problem; `config_key` names the options' section in them (DatasetOptions::config_key).
+  /// `subtask_key` (train.subtask.key), when one of `columns`, is named as that key in its errors.
   LeRobotSource(const std::string& root, const std::vector<std::string>& columns, int64_t max_episodes,
-                int video_threads, std::string config_key = "dataset");
+                int video_threads, std::string config_key = "dataset", const std::string& subtask_key = "");
   ~LeRobotSource();
 
   const std::string& root() const { return root_; }

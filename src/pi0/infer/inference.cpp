@@ -8,6 +8,7 @@
 #include "pi0/common/check.h"
 #include "pi0/common/shape_str.h"
 #include "pi0/data/aloha.h"
+#include "pi0/data/tokenizer.h"
 #include "pi0/data/transforms.h"
 
 namespace pi0::infer {
@@ -223,8 +224,35 @@ Prediction predict(io::Bundle& bundle, const InferenceInputs& inputs, const std:
     rtc_on_device = *rtc;
     rtc_on_device->prev = rtc->prev.to(device);
   }
-  out.actions = bundle.model->sample_actions(inputs.observation.to(device), noise_on_device, num_steps,
-                                             /*use_kv_cache=*/true, timing, rtc_on_device ? &*rtc_on_device : nullptr);
+  if (bundle.subtask_tokenizer) {
+    // The pi0.5 paper's inference: the subtask as text first, then the actions conditioned on it.
+    if (rtc_on_device)
+      throw UserError("real-time chunking: not available for a model trained with train.subtask (it decodes its "
+                      "subtask first); send no prev_action_chunk, or use --rtc off");
+    const auto& tok = *bundle.subtask_tokenizer;
+    const auto& st = bundle.config.train.subtask;
+    std::vector<int64_t> cue;
+    for (const int id : tok.encode(st.cue)) cue.push_back(id);
+    if (cue.empty())
+      throw UserError("train.subtask.cue: '" + st.cue + "' has no tokens, expected text the decoding starts after");
+    model::Pi0Impl::SubtaskDecoded decoded;
+    out.actions = bundle.model->sample_actions_after_subtask(inputs.observation.to(device), cue, st.max_tokens,
+                                                             tok.eos_id(), &decoded, noise_on_device, num_steps);
+    out.subtask_tokens = decoded.tokens.to(torch::kCPU);
+    const auto mask = decoded.mask.to(torch::kCPU);
+    for (int64_t b = 0; b < out.subtask_tokens.size(0); ++b) {
+      std::vector<int> ids;
+      for (int64_t i = static_cast<int64_t>(cue.size()); i < out.subtask_tokens.size(1); ++i) {
+        const auto id = out.subtask_tokens[b][i].item<int64_t>();
+        if (!mask[b][i].item<bool>() || id == tok.eos_id()) break;
+        ids.push_back(static_cast<int>(id));
+      }
+      out.subtasks.push_back(tok.decode(ids));
+    }
+  } else {
+    out.actions = bundle.model->sample_actions(inputs.observation.to(device), noise_on_device, num_steps,
+                                               /*use_kv_cache=*/true, timing, rtc_on_device ? &*rtc_on_device : nullptr);
+  }
   out.actions = out.actions.to(torch::kCPU, torch::kFloat32).contiguous();
   out.model_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   out.robot_actions = robot_actions(bundle, out.actions, inputs.raw_state);

@@ -95,6 +95,10 @@ struct Prediction {
   torch::Tensor actions;        ///< [B,H,A] float32, contiguous, on the CPU: sample_actions' output (model space)
   torch::Tensor robot_actions;  ///< [B,H,D] float32, contiguous, on the CPU: robot_actions() of it
   double model_ms = 0;          ///< wall time of sample_actions, the inputs' copy to the device and the result's back
+  /// A bundle trained with train.subtask: per example the subtask it decoded first (the text between the cue and
+  /// EOS) and the block's ids [B,T] (cue included, 0 after the end); empty / undefined otherwise.
+  std::vector<std::string> subtasks;
+  torch::Tensor subtask_tokens;
 };
 
 /// The device the bundle's model is on (io::load_bundle's `device`).
@@ -105,6 +109,8 @@ torch::Device model_device(const io::Bundle& bundle);
 /// drawn by the model), then robot_actions(). `timing`: per-step times of sample_actions (model/pi0.h). The
 /// bundle is not const: sampling may capture a CUDA graph in its model (Pi0Impl::set_cuda_graph).
 /// `rtc` (rtc_request's, with the same batch as `inputs`): real-time chunking; null or inactive: plain sampling.
+/// A bundle trained with train.subtask first decodes the subtask greedily (its config's cue and max_tokens, EOS ends
+/// it), then samples after it (Pi0Impl::sample_actions_after_subtask; no timing, no real-time chunking).
 Prediction predict(io::Bundle& bundle, const InferenceInputs& inputs, const std::optional<torch::Tensor>& noise,
                    int64_t num_steps, model::SampleTiming* timing = nullptr, const model::RtcRequest* rtc = nullptr);
 

@@ -78,6 +78,9 @@ struct Bundle {
   model::Pi0 model{nullptr};
   data::NormStats norm_stats;    ///< from assets/<asset_id>/norm_stats.json
   std::string tokenizer_path;    ///< <dir>/tokenizer.model
+  /// A model trained with train.subtask: the tokenizer that encodes its subtask cue and decodes the subtask it
+  /// predicts (infer::predict); null otherwise.
+  std::shared_ptr<const data::Tokenizer> subtask_tokenizer;
   data::TransformOptions transform;  ///< resolved training transform options (norm mode, dims, prompt format)
   torch::ScalarType dtype = torch::kFloat32;  ///< parameter and compute dtype of the model
 };

@@ -463,7 +463,7 @@ std::string encode_json(const nlohmann::json& value) {
 std::string encode_response(const Response& r) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_map(r.rtc.is_null() ? 3 : 4);
+  pk.pack_map(3 + (r.rtc.is_null() ? 0 : 1) + (r.subtask.is_null() ? 0 : 1));
   pk.pack(std::string("actions"));
   pack_tensor(pk, r.actions.to(torch::kFloat32));
   pk.pack(std::string("policy_timing"));
@@ -481,6 +481,10 @@ std::string encode_response(const Response& r) {
   if (!r.rtc.is_null()) {
     pk.pack(std::string("rtc"));
     pack_json(pk, r.rtc);
+  }
+  if (!r.subtask.is_null()) {
+    pk.pack(std::string("subtask"));
+    pack_json(pk, r.subtask);
   }
   return std::string(buf.data(), buf.size());
 }

@@ -58,6 +58,9 @@ struct Response {
   /// {"mode": "trained"|"guided", "delay": d} when the answer continues a previous chunk (real-time chunking);
   /// null: not sent, so openpi's clients get openpi's answer exactly.
   nlohmann::json rtc;
+  /// A model trained with train.subtask: the decoded subtask (string, or list for a batched request); null: not sent.
+  /// openpi's clients read the keys they know, so the extra key leaves them working.
+  nlohmann::json subtask;
 };
 std::string encode_response(const Response& response);
 

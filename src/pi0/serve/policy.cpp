@@ -112,6 +112,9 @@ Policy::Policy(io::Bundle bundle, PolicyOptions options)
                {"device", device_.str()},
                {"dtype", bundle_.dtype == torch::kBFloat16 ? "bf16" : "f32"},
                {"rtc", infer::rtc_metadata(bundle_, options_.rtc)}};
+  // Announced only by a subtask model, so other bundles' metadata stays as it was.
+  if (bundle_.subtask_tokenizer)
+    metadata_["subtask"] = {{"cue", cfg.train.subtask.cue}, {"max_tokens", cfg.train.subtask.max_tokens}};
   for (auto it = metadata_.begin(); it != metadata_.end(); ++it) {
     const auto& reserved = config::reserved_metadata_keys();
     PI0_CHECK(std::find(reserved.begin(), reserved.end(), it.key()) != reserved.end(), "metadata key '", it.key(),
@@ -244,6 +247,10 @@ void Policy::run_batch(std::vector<std::unique_ptr<Pending>>& batch) {
       // Trained mode with d = 0 samples as plain sampling does; the client still learns which mode it got.
       if (p->rtc.mode != model::RtcMode::kOff)
         r.rtc = {{"mode", model::to_string(p->rtc.mode)}, {"delay", p->rtc.delay}};
+      if (!predicted.subtasks.empty()) {
+        const auto first = predicted.subtasks.begin() + row;
+        r.subtask = p->batched ? nlohmann::json(std::vector<std::string>(first, first + b)) : nlohmann::json(*first);
+      }
       row += b;
       results.push_back(std::move(r));
     }

@@ -53,6 +53,9 @@ struct PolicyResult {
   double model_ms = 0;     ///< sample_actions (this request's batch)
   double total_ms = 0;     ///< profile + inputs + model + outputs
   nlohmann::json rtc;      ///< {"mode": "trained"|"guided", "delay": d} when the answer continues a previous chunk
+  /// A model trained with train.subtask: the subtask it decoded (a string; a list of them for batched requests);
+  /// null otherwise.
+  nlohmann::json subtask;
 };
 
 class Policy {

@@ -257,6 +257,7 @@ class Session : public std::enable_shared_from_this<Session> {
     resp.server_infer_ms = r.total_ms;
     resp.prev_total_ms = prev_total_ms_;
     resp.rtc = std::move(r.rtc);
+    resp.subtask = std::move(r.subtask);
     out_ = encode_response(resp);
     busy_ = true;
     ws_.binary(true);

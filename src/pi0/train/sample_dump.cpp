@@ -155,6 +155,20 @@ int64_t dump_samples(const config::Config& cfg, int64_t n, const std::string& di
           j["fast_decodable"] = decoded.decodable;
           j["fast_actions"] = values(torch::tensor(decoded.actions, torch::kFloat64).view({h, d}));
         }
+        if (batch.subtask_tokens.defined()) {
+          // The frame's subtask text, the block the model reads (cue, text, EOS) and the part it predicts.
+          std::vector<int64_t> block;
+          std::vector<int> target_ids;
+          for (int64_t i = 0; i < batch.subtask_tokens.size(1); ++i) {
+            if (!batch.subtask_mask[b][i].item<bool>()) continue;
+            block.push_back(batch.subtask_tokens[b][i].item<int64_t>());
+            if (batch.subtask_targets[b][i].item<bool>()) target_ids.push_back(static_cast<int>(block.back()));
+          }
+          j["subtask"] = raw.subtask;
+          j["subtask_tokens"] = block;
+          j["subtask_text"] = tokenizer.decode(std::vector<int>(block.begin(), block.end()));
+          j["subtask_target_text"] = tokenizer.decode(target_ids);
+        }
         std::ofstream out(sd / "sample.json");
         out << j.dump(2) << "\n";
         if (!out) throw UserError("--dump-batches: cannot write '" + (sd / "sample.json").string() + "'");

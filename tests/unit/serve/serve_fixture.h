@@ -45,10 +45,11 @@ struct TinyBundle {
 
 /// Exports a tiny pi0.5 bundle under `dir` for dataset `format` ("libero": 8 dims, "aloha": 14 dims), in `dtype`
 /// (float32 or bfloat16, pi0-export's default); `extra_yaml` is appended to the training config (e.g. a serve section);
-/// `rtc_max_delay`: the config's train.rtc_max_delay (what a bundle trained for real-time chunking announces).
+/// `rtc_max_delay`: the config's train.rtc_max_delay (what a bundle trained for real-time chunking announces);
+/// `train_extra`: more train keys in flow style (", subtask: {enabled: true, key: s}").
 inline TinyBundle make_tiny_bundle(const TempDir& dir, const std::string& format,
                                    torch::ScalarType dtype = torch::kFloat32, const std::string& extra_yaml = "",
-                                   int64_t rtc_max_delay = 0) {
+                                   int64_t rtc_max_delay = 0, const std::string& train_extra = "") {
   TinyBundle b;
   b.state_dim = format == "aloha" ? 14 : 8;
   const std::string tok = std::string(PI0_SOURCE_DIR) + "/data/tokenizer/tiny_spm.model";
@@ -58,7 +59,7 @@ inline TinyBundle make_tiny_bundle(const TempDir& dir, const std::string& format
       ", action_horizon: " + std::to_string(kHorizon) + ", max_token_len: 48}\n"
       "data: {dataset: {format: " + format + ", paths: [unused.hdf5]}, norm_stats: " + dir.str("stats.json") +
       ", tokenizer: " + tok + "}\n"
-      "train: {precision: float32, rtc_max_delay: " + std::to_string(rtc_max_delay) + "}\n"
+      "train: {precision: float32, rtc_max_delay: " + std::to_string(rtc_max_delay) + train_extra + "}\n"
       "checkpoint: {run_dir: " + dir.str("run") + ", asset_id: tiny_" + format + "}\n" + extra_yaml;
   const auto cfg = config::parse_config(YAML::Load(yaml), "test config");
   data::NormStats stats;
