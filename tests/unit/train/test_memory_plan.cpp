@@ -394,3 +394,66 @@ TEST_CASE("train.offload=optimizer: host memory per parameter as the offload all
   CHECK(msg.find('\n') == std::string::npos);
   CHECK(train::host_available_bytes() > 0);  // Linux: /proc/meminfo
 }
+
+TEST_CASE("memory plan with knowledge insulation counts the FAST tokens and the CE logits and the detached K/V copies",
+          "[unit][train][ki]") {
+  // What train.ki adds to one step over the same step without it (model/activation_memory.h), re-derived term by
+  // term for the tiny model (no checkpointing); the per-token cost of a prefix row is taken from the plan itself.
+  const std::string fast_dir = std::string(PI0_SOURCE_DIR) + "/tests/data/golden/fast/tokenizer_a";
+  constexpr int64_t kF = 16;
+  for (const std::string precision : {"float32", "bf16-mixed"}) {
+    INFO(precision);
+    const std::vector<std::string> ki = {"train.precision=" + precision, "train.ki.enabled=true",
+                                         "train.ki.fast_tokenizer=" + fast_dir,
+                                         "train.ki.max_fast_tokens=" + std::to_string(kF)};
+    const auto on = config::parse_config(YAML::Load(kTiny), "tiny.yaml", ki);
+    const auto off = config::parse_config(YAML::Load(kTiny), "tiny.yaml", {"train.precision=" + precision});
+    const auto plan_on = train::plan_memory(on, 1), plan_off = train::plan_memory(off, 1);
+    const auto o = model::options_from_config(on.model);
+    const auto& p = o.paligemma;
+    const int64_t e = precision == "float32" ? 4 : 2, b = plan_on.micro_batch, cams = plan_on.num_cameras;
+    const int64_t tp = cams * o.siglip.num_patches() + o.max_token_len, ts = o.action_horizon, t = tp + ts;
+    const int64_t tb = tp + kF;
+    const int64_t per_logit = e == 4 ? 4 : 4 + e;
+    const int64_t kv = 2 * e * p.num_kv_heads * p.head_dim;  // one token's keys and values, one layer
+    // CE: float32 logits over the vocabulary at every FAST target row.
+    const int64_t ce_logits = b * kF * p.vocab_size * 4;
+    // Pass 2 of each layer copies the detached P keys/values (concatenated before the suffix's).
+    const int64_t kv_copies = p.depth * b * kv * tp;
+    // The F tokens through every prefix-expert layer and the final norm: what F more prompt tokens cost without KI,
+    // less that run's longer joint attention ((T + F)² logits), plus the two passes' logits ((Tp + F)² and
+    // Ts·(Tp + Ts)) instead of the joint T².
+    auto longer = off;
+    longer.model.max_token_len += kF;
+    const int64_t f_rows = train::plan_memory(longer, 1).activations.saved - plan_off.activations.saved -
+                           p.depth * per_logit * b * p.num_heads * ((t + kF) * (t + kF) - t * t);
+    const int64_t logits = p.depth * per_logit * b * p.num_heads * (tb * tb + ts * t - t * t);
+    const int64_t added = f_rows + logits + kv_copies + ce_logits;
+    CHECK(plan_on.activations.ki_logits == ce_logits);
+    CHECK(plan_on.activations.ki_kv_copies == kv_copies);
+    CHECK(plan_on.activations.saved - plan_off.activations.saved == added);
+    CHECK(plan_off.activations.ki_logits == 0);
+    CHECK(plan_off.activations.ki_kv_copies == 0);
+    // The transient: here one 256-row chunk of CE logits (all B·F = 192 rows) and its gradient outweigh the
+    // attention logits of a layer.
+    const int64_t chunk = std::min<int64_t>(model::kKiLogitChunk, b * kF) * p.vocab_size * 8;
+    REQUIRE(chunk > 8 * b * p.num_heads * std::max(tb * tb, ts * t));
+    CHECK(plan_on.activations.transient == chunk);
+    // The report and its JSON say so.
+    const auto text = train::format_memory_report(on, 1, false);
+    CHECK_THAT(text, Catch::Contains("of which knowledge insulation (train.ki, 16 FAST tokens per sample)"));
+    CHECK(train::format_memory_report(off, 1, false).find("knowledge insulation") == std::string::npos);
+    const auto json = train::memory_report_json(on, 1, false);
+    CHECK(json.at("ki_logit_bytes").get<int64_t>() == ce_logits);
+    CHECK(json.at("ki_kv_copy_bytes").get<int64_t>() == kv_copies);
+    CHECK(json.at("activation_bytes").get<int64_t>() == plan_on.activations.saved);
+    // With every layer recomputed no layer's copy is alive at the peak; the checkpointed pass-1 layers keep their
+    // cached keys/values for pass 2 instead, and the CE logits stay.
+    auto ck = on;
+    ck.train.gradient_checkpointing = "true";
+    const auto plan_ck = train::plan_memory(ck, 1);
+    CHECK(plan_ck.activations.ki_kv_copies == 0);
+    CHECK(plan_ck.activations.ki_logits == ce_logits);
+    CHECK(plan_ck.activations.saved < plan_on.activations.saved);
+  }
+}
