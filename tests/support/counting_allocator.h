@@ -81,6 +81,8 @@ class PeakAllocation {
   }
   ~PeakAllocation() { c10::SetCPUAllocator(previous_, /*priority=*/100); }
   int64_t peak() const { return CountingCpuAllocator::instance().peak() - start_; }
+  /// Live counted bytes now, beyond those at construction (e.g. what a forward keeps for backward).
+  int64_t held() const { return CountingCpuAllocator::instance().current() - start_; }
 
  private:
   c10::Allocator* previous_;

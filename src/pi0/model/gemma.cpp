@@ -59,7 +59,7 @@ GemmaMlpImpl::GemmaMlpImpl(const GemmaOptions& o) {
 }
 
 torch::Tensor GemmaMlpImpl::forward(const torch::Tensor& x) {
-  return down_proj->forward(nn::gelu_tanh(gate_proj->forward(x)) * up_proj->forward(x));
+  return down_proj->forward(nn::gelu_tanh_mul(gate_proj->forward(x), up_proj->forward(x)));
 }
 
 GemmaDecoderLayerImpl::GemmaDecoderLayerImpl(const GemmaOptions& o) {

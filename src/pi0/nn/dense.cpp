@@ -146,4 +146,34 @@ torch::Tensor gelu_tanh(const torch::Tensor& x) {
   return torch::gelu(x, "tanh");
 }
 
+namespace {
+
+// gelu_tanh(gate) · up with the composite's operations forward and backward (same bits), but autograd keeps only
+// gate and up: the composite also kept gelu_tanh(gate) for the product's backward, a third [.., F] tensor in the
+// MLP; here backward recomputes it (one elementwise pass over gate, cheap next to the MLP's GEMMs).
+struct GeluTanhMulFunction : public torch::autograd::Function<GeluTanhMulFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& gate,
+                               const torch::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    return gelu_tanh(gate) * up;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &gate = saved[0], &up = saved[1];
+    const auto& g = grads[0];
+    torch::Tensor dgate, dup;
+    if (ctx->needs_input_grad(0)) dgate = torch::gelu_backward(g * up, gate, "tanh");
+    if (ctx->needs_input_grad(1)) dup = g * gelu_tanh(gate);
+    return {dgate, dup};
+  }
+};
+
+}  // namespace
+
+torch::Tensor gelu_tanh_mul(const torch::Tensor& gate, const torch::Tensor& up) {
+  return GeluTanhMulFunction::apply(gate, up);
+}
+
 }  // namespace pi0::nn

@@ -73,6 +73,10 @@ int64_t cast_cache_bytes(torch::nn::Module& module);
 /// tanh-approximated GELU (flax `nn.gelu` default, HF `gelu_pytorch_tanh`).
 torch::Tensor gelu_tanh(const torch::Tensor& x);
 
+/// GeGLU: gelu_tanh(gate) · up, the same bits forward and backward as that expression, with less kept for backward
+/// (gate and up, not the activation too). Differentiable; for inference's stacked projection see fused_kernels.h.
+torch::Tensor gelu_tanh_mul(const torch::Tensor& gate, const torch::Tensor& up);
+
 }  // namespace pi0::nn
 
 namespace pi0::nn {

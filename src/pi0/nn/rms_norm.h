@@ -34,4 +34,10 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
+/// The normalization both norms compute: n·(1 + scale) [+ shift] in x's dtype, n = x / sqrt(mean(x²) + eps) in
+/// float32 (float64 for float64 x); `scale` is a plain norm's [W] weight or an adaptive norm's modulation
+/// ([B,1,W] or [B,T,W], like `shift`). Differentiable in all three with a backward of its own that keeps x and one
+/// float32 statistic per row, not float32 copies of x and n (the composite's).
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& scale, const torch::Tensor& shift, double eps);
+
 }  // namespace pi0::nn
