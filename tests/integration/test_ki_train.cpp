@@ -26,26 +26,18 @@
 
 using namespace pi0;
 using Catch::Contains;
+using pi0::testing::kTestFastTokenizer;
+using pi0::testing::metrics_column;
 using pi0::testing::TinyRun;
 
 namespace {
 
 // tests/data/golden/fast/tokenizer_a: a FAST tokenizer fitted by tests/data/fast_reference.py (vocab 256, which fits
 // below the tiny SentencePiece model's ~790 tokens as openpi's map needs).
-const std::string kFastDir = std::string(PI0_SOURCE_DIR) + "/tests/data/golden/fast/tokenizer_a";
-
-std::vector<std::string> ki_on(std::vector<std::string> more = {}) {
-  std::vector<std::string> o = {"train.ki.enabled=true", "train.ki.fast_tokenizer=" + kFastDir,
-                                "train.ki.max_fast_tokens=48"};
-  o.insert(o.end(), more.begin(), more.end());
-  return o;
-}
-
-std::vector<double> column(const std::string& run_dir, const std::string& key) {
-  std::vector<double> out;
-  for (const auto& r : train::read_metrics(run_dir + "/metrics.jsonl"))
-    if (r.contains(key)) out.push_back(r.at(key).get<double>());
-  return out;
+std::vector<std::string> ki_on(const std::vector<std::string>& more = {}) {
+  return testing::with({"train.ki.enabled=true", "train.ki.fast_tokenizer=" + kTestFastTokenizer,
+                        "train.ki.max_fast_tokens=48"},
+                       more);
 }
 
 }  // namespace
@@ -60,7 +52,7 @@ TEST_CASE("train.ki: batches carry the FAST block of the robot's own action dims
   CHECK(batch.fast_mask.sizes() == torch::IntArrayRef({4, 48}));
   // Each row: pg(FAST ids of the normalized [H, 7] chunk) + spm("|") + EOS, then zero padding.
   const data::Tokenizer spm(cfg.data.tokenizer);
-  const data::FastTokenizer fast(kFastDir);
+  const data::FastTokenizer fast(kTestFastTokenizer);
   const auto bar = spm.encode("|");
   for (int64_t b = 0; b < 4; ++b) {
     INFO("example " << b);
@@ -159,13 +151,14 @@ TEST_CASE("train.ki: resume is bit-exact and metrics.jsonl has the loss parts", 
   }
   for (const char* key : {"loss", "ce_fast", "flow_loss", "fast_acc"}) {
     INFO(key);
-    const auto a = column(run.dir.str("straight"), key), b = column(run.dir.str("resumed"), key);
+    const auto a = metrics_column(run.dir.str("straight"), key), b = metrics_column(run.dir.str("resumed"), key);
     REQUIRE(a.size() == 4);
     CHECK(a == b);  // exact
   }
   // loss = ce_weight·ce_fast + flow_weight·flow_loss (1 and 10 by default), summed in float32.
-  const auto loss = column(run.dir.str("straight"), "loss"), ce = column(run.dir.str("straight"), "ce_fast"),
-             flow = column(run.dir.str("straight"), "flow_loss");
+  const auto loss = metrics_column(run.dir.str("straight"), "loss"),
+             ce = metrics_column(run.dir.str("straight"), "ce_fast"),
+             flow = metrics_column(run.dir.str("straight"), "flow_loss");
   for (size_t i = 0; i < loss.size(); ++i) CHECK(loss[i] == Approx(ce[i] + 10 * flow[i]).epsilon(1e-6));
   const auto ck_a = run.dir.str("straight") + "/checkpoints/4/", ck_b = run.dir.str("resumed") + "/checkpoints/4/";
   const auto wa = io::read_safetensors(ck_a + "model.safetensors"), wb = io::read_safetensors(ck_b + "model.safetensors");
@@ -183,8 +176,9 @@ TEST_CASE("train.ki smoke: the tiny pi0.5 trains 150 steps with insulation and b
                                               "train.metrics_interval=0", "checkpoint.save_interval=1000"})));
   t.run();
   pi0::set_num_threads(threads_before);
-  const auto ce = column(run.dir.str("smoke"), "ce_fast"), flow = column(run.dir.str("smoke"), "flow_loss"),
-             acc = column(run.dir.str("smoke"), "fast_acc");
+  const auto ce = metrics_column(run.dir.str("smoke"), "ce_fast"),
+             flow = metrics_column(run.dir.str("smoke"), "flow_loss"),
+             acc = metrics_column(run.dir.str("smoke"), "fast_acc");
   REQUIRE(ce.size() == 15);
   INFO("ce_fast " << ce.front() << " -> " << ce.back() << ", flow " << flow.front() << " -> " << flow.back()
                   << ", fast_acc " << acc.front() << " -> " << acc.back());

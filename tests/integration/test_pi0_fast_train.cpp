@@ -21,24 +21,16 @@
 
 using namespace pi0;
 using Catch::Contains;
+using pi0::testing::kTestFastTokenizer;
+using pi0::testing::metrics_column;
 using pi0::testing::TinyRun;
 
 namespace {
 
-const std::string kFastDir = std::string(PI0_SOURCE_DIR) + "/tests/data/golden/fast/tokenizer_a";
-
 // configs/debug.yaml (through TinyRun) turned into the tiny pi0-FAST: its dummy action expert is ignored.
-std::vector<std::string> fast_on(std::vector<std::string> more = {}) {
-  std::vector<std::string> o = {"model.type=pi0_fast", "model.fast_tokenizer=" + kFastDir, "model.max_token_len=128"};
-  o.insert(o.end(), more.begin(), more.end());
-  return o;
-}
-
-std::vector<double> column(const std::string& run_dir, const std::string& key) {
-  std::vector<double> out;
-  for (const auto& r : train::read_metrics(run_dir + "/metrics.jsonl"))
-    if (r.contains(key)) out.push_back(r.at(key).get<double>());
-  return out;
+std::vector<std::string> fast_on(const std::vector<std::string>& more = {}) {
+  return testing::with({"model.type=pi0_fast", "model.fast_tokenizer=" + kTestFastTokenizer, "model.max_token_len=128"},
+                       more);
 }
 
 }  // namespace
@@ -97,12 +89,12 @@ TEST_CASE("pi0_fast: resume is bit-exact and metrics.jsonl has loss and fast_acc
   }
   for (const char* key : {"loss", "fast_acc", "grad_norm"}) {
     INFO(key);
-    const auto a = column(run.dir.str("straight"), key), b = column(run.dir.str("resumed"), key);
+    const auto a = metrics_column(run.dir.str("straight"), key), b = metrics_column(run.dir.str("resumed"), key);
     REQUIRE(a.size() == 4);
     CHECK(a == b);  // exact
   }
-  for (const double acc : column(run.dir.str("straight"), "fast_acc")) CHECK((acc >= 0 && acc <= 1));
-  CHECK(column(run.dir.str("straight"), "flow_loss").empty());
+  for (const double acc : metrics_column(run.dir.str("straight"), "fast_acc")) CHECK((acc >= 0 && acc <= 1));
+  CHECK(metrics_column(run.dir.str("straight"), "flow_loss").empty());
   const auto ck_a = run.dir.str("straight") + "/checkpoints/4/", ck_b = run.dir.str("resumed") + "/checkpoints/4/";
   const auto wa = io::read_safetensors(ck_a + "model.safetensors"), wb = io::read_safetensors(ck_b + "model.safetensors");
   REQUIRE(wa.size() == wb.size());
@@ -139,17 +131,18 @@ TEST_CASE("pi0_fast smoke: configs/debug_pi0_fast.yaml trains 100 steps and the 
   TinyRun run;
   const int threads_before = pi0::thread_counts().aten;
   pi0::set_num_threads(1);
-  const auto cfg = config::load_config(
-      std::string(PI0_SOURCE_DIR) + "/configs/debug_pi0_fast.yaml",
-      {"data.dataset.paths=[" + run.data_glob + "]", "data.norm_stats=" + run.norm_stats,
-       "data.tokenizer=" + std::string(PI0_SOURCE_DIR) + "/data/tokenizer/tiny_spm.model",
-       "model.fast_tokenizer=" + kFastDir, "checkpoint.run_dir=" + run.dir.str("smoke"), "train.num_steps=100",
-       "train.lr_decay_steps=100", "train.log_interval=10", "train.metrics_interval=0",
-       "checkpoint.save_interval=1000"});
+  const auto cfg =
+      config::load_config(std::string(PI0_SOURCE_DIR) + "/configs/debug_pi0_fast.yaml",
+                          {"data.dataset.paths=[" + run.data_glob + "]", "data.norm_stats=" + run.norm_stats,
+                           "data.tokenizer=" + std::string(PI0_SOURCE_DIR) + "/data/tokenizer/tiny_spm.model",
+                           "model.fast_tokenizer=" + kTestFastTokenizer, "checkpoint.run_dir=" + run.dir.str("smoke"),
+                           "train.num_steps=100", "train.lr_decay_steps=100", "train.log_interval=10",
+                           "train.metrics_interval=0", "checkpoint.save_interval=1000"});
   train::Trainer t(cfg);
   t.run();
   pi0::set_num_threads(threads_before);
-  const auto loss = column(run.dir.str("smoke"), "loss"), acc = column(run.dir.str("smoke"), "fast_acc");
+  const auto loss = metrics_column(run.dir.str("smoke"), "loss"),
+             acc = metrics_column(run.dir.str("smoke"), "fast_acc");
   REQUIRE(loss.size() == 10);
   std::printf("pi0_fast smoke: loss %.3f -> %.3f, fast_acc %.3f -> %.3f\n", loss.front(), loss.back(), acc.front(),
               acc.back());

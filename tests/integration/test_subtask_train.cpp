@@ -26,24 +26,16 @@
 
 using namespace pi0;
 using Catch::Contains;
+using pi0::testing::kTestFastTokenizer;
+using pi0::testing::metrics_column;
 using pi0::testing::TinyRun;
 
 namespace {
 
-const std::string kFastDir = std::string(PI0_SOURCE_DIR) + "/tests/data/golden/fast/tokenizer_a";
-
-std::vector<std::string> subtask_on(std::vector<std::string> more = {}) {
-  std::vector<std::string> o = {"train.subtask.enabled=true", "train.subtask.key=subtask_index",
-                                "train.subtask.max_tokens=48"};
-  o.insert(o.end(), more.begin(), more.end());
-  return o;
-}
-
-std::vector<double> column(const std::string& run_dir, const std::string& key) {
-  std::vector<double> out;
-  for (const auto& r : train::read_metrics(run_dir + "/metrics.jsonl"))
-    if (r.contains(key)) out.push_back(r.at(key).get<double>());
-  return out;
+std::vector<std::string> subtask_on(const std::vector<std::string>& more = {}) {
+  return testing::with({"train.subtask.enabled=true", "train.subtask.key=subtask_index",
+                        "train.subtask.max_tokens=48"},
+                       more);
 }
 
 }  // namespace
@@ -124,7 +116,7 @@ TEST_CASE("train.subtask: resume is bit-exact with insulation and subtasks on an
   TinyRun run;
   const auto cfg = [&](const std::string& name, int64_t steps) {
     return run.config(name, subtask_on({"train.num_steps=" + std::to_string(steps), "checkpoint.save_interval=2",
-                                        "train.ki.enabled=true", "train.ki.fast_tokenizer=" + kFastDir,
+                                        "train.ki.enabled=true", "train.ki.fast_tokenizer=" + kTestFastTokenizer,
                                         "train.ki.max_fast_tokens=48", "train.subtask.weight=0.5"}));
   };
   {
@@ -143,13 +135,15 @@ TEST_CASE("train.subtask: resume is bit-exact with insulation and subtasks on an
   }
   for (const char* key : {"loss", "ce_fast", "flow_loss", "ce_subtask", "subtask_acc"}) {
     INFO(key);
-    const auto a = column(run.dir.str("straight"), key), b = column(run.dir.str("resumed"), key);
+    const auto a = metrics_column(run.dir.str("straight"), key), b = metrics_column(run.dir.str("resumed"), key);
     REQUIRE(a.size() == 4);
     CHECK(a == b);  // exact
   }
   // loss = ce_weight·ce_fast + weight·ce_subtask + flow_weight·flow_loss (1, 0.5, 10).
-  const auto loss = column(run.dir.str("straight"), "loss"), ce = column(run.dir.str("straight"), "ce_fast"),
-             sub = column(run.dir.str("straight"), "ce_subtask"), flow = column(run.dir.str("straight"), "flow_loss");
+  const auto loss = metrics_column(run.dir.str("straight"), "loss"),
+             ce = metrics_column(run.dir.str("straight"), "ce_fast"),
+             sub = metrics_column(run.dir.str("straight"), "ce_subtask"),
+             flow = metrics_column(run.dir.str("straight"), "flow_loss");
   for (size_t i = 0; i < loss.size(); ++i) CHECK(loss[i] == Approx(ce[i] + 0.5 * sub[i] + 10 * flow[i]).epsilon(1e-6));
   const auto ck_a = run.dir.str("straight") + "/checkpoints/4/", ck_b = run.dir.str("resumed") + "/checkpoints/4/";
   const auto wa = io::read_safetensors(ck_a + "model.safetensors"), wb = io::read_safetensors(ck_b + "model.safetensors");
@@ -168,8 +162,9 @@ TEST_CASE("train.subtask smoke: the tiny pi0.5 learns the subtask and ce_subtask
                                                    "checkpoint.save_interval=1000"})));
   t.run();
   pi0::set_num_threads(threads_before);
-  const auto ce = column(run.dir.str("smoke"), "ce_subtask"), acc = column(run.dir.str("smoke"), "subtask_acc"),
-             loss = column(run.dir.str("smoke"), "loss");
+  const auto ce = metrics_column(run.dir.str("smoke"), "ce_subtask"),
+             acc = metrics_column(run.dir.str("smoke"), "subtask_acc"),
+             loss = metrics_column(run.dir.str("smoke"), "loss");
   REQUIRE(ce.size() == 10);
   std::printf("subtask smoke: ce_subtask %.3f -> %.3f, subtask_acc %.3f -> %.3f, loss %.3f -> %.3f\n", ce.front(),
               ce.back(), acc.front(), acc.back(), loss.front(), loss.back());

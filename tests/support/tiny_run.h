@@ -9,9 +9,27 @@
 #include "pi0/data/dataset.h"
 #include "pi0/data/example_data.h"
 #include "pi0/data/norm_stats.h"
+#include "pi0/train/metrics.h"
 #include "support/test_support.h"
 
 namespace pi0::testing {
+
+/// The FAST tokenizer the tests fitted (tests/data/fast_reference.py's "a": vocab 256, string merges).
+inline const std::string kTestFastTokenizer = std::string(PI0_SOURCE_DIR) + "/tests/data/golden/fast/tokenizer_a";
+
+/// `base` followed by `more`: a test's settings for a variant of the tiny run, plus the case's own.
+inline std::vector<std::string> with(std::vector<std::string> base, const std::vector<std::string>& more) {
+  base.insert(base.end(), more.begin(), more.end());
+  return base;
+}
+
+/// One key's values over a run's metrics.jsonl, in the order logged (records without the key skipped).
+inline std::vector<double> metrics_column(const std::string& run_dir, const std::string& key) {
+  std::vector<double> out;
+  for (const auto& r : train::read_metrics(run_dir + "/metrics.jsonl"))
+    if (r.contains(key)) out.push_back(r.at(key).get<double>());
+  return out;
+}
 
 // Example data + norm stats in a temp dir, and the debug config pointed at them.
 struct TinyRun {
