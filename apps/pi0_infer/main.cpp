@@ -215,12 +215,16 @@ int infer_main(int argc, char** argv) {
     for (size_t b = 0; b < predicted.subtasks.size(); ++b)
       std::printf("subtask[%zu]: %s\n", b, predicted.subtasks[b].c_str());
     info["subtask"] = nlohmann::json(predicted.subtasks).dump();
-    std::printf("model call (subtask decoding and sampling): %.3f ms\n", predicted.model_ms);
+    // Decoding and sampling are one model call there; its stages are not timed apart (SampleTiming stays empty).
+    std::printf("total: %.3f ms (batch %lld, %s; subtask decoding and sampling)\n", predicted.model_ms,
+                static_cast<long long>(B), device.str().c_str());
+  } else {
+    std::printf("prefix pass: %.3f ms\n", timing.prefix_ms);
+    for (size_t i = 0; i < timing.step_ms.size(); ++i)
+      std::printf("denoise step %zu/%zu: %.3f ms\n", i + 1, timing.step_ms.size(), timing.step_ms[i]);
+    std::printf("total: %.3f ms (batch %lld, %s)\n", timing.total_ms(), static_cast<long long>(B),
+                device.str().c_str());
   }
-  std::printf("prefix pass: %.3f ms\n", timing.prefix_ms);
-  for (size_t i = 0; i < timing.step_ms.size(); ++i)
-    std::printf("denoise step %zu/%zu: %.3f ms\n", i + 1, timing.step_ms.size(), timing.step_ms[i]);
-  std::printf("total: %.3f ms (batch %lld, %s)\n", timing.total_ms(), static_cast<long long>(B), device.str().c_str());
   pi0::io::save_safetensors(args.out, {{"actions", actions}, {"actions_unnormalized", robot}}, info);
   std::printf("wrote %s (actions %s, actions_unnormalized %s)\n", args.out.c_str(), shape_str(actions.sizes()).c_str(),
               shape_str(robot.sizes()).c_str());

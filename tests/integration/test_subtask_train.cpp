@@ -198,3 +198,33 @@ TEST_CASE("train.subtask: a LeRobot per-frame integer column indexes meta/tasks,
     CHECK_THROWS_WITH(data::RobotDataset(o), Contains("train.subtask.key: 'no_such_column' is not a feature"));
   }
 }
+
+TEST_CASE("train.subtask: pi0-infer on the exported bundle prints the decoded subtask and stores it with the actions",
+          "[integration][train][subtask]") {
+  TinyRun run;
+  train::Trainer(run.config("run", subtask_on({"train.num_steps=2", "checkpoint.save_interval=2"}))).run();
+  const std::string bundle = run.dir.str("bundle"), obs = run.dir.str("obs.safetensors"),
+                    out = run.dir.str("actions.safetensors");
+  const auto ex = testing::run_app_process(
+      "pi0-export", "--checkpoint " + run.dir.str("run") + " --out " + bundle + " --dtype float32", run.dir);
+  INFO(ex.err);
+  REQUIRE(ex.code == 0);
+  const auto mk = testing::run_app_process(
+      "pi0-make-example-data", "--observation-out " + obs + " --out " + run.dir.str("data"), run.dir);
+  INFO(mk.err);
+  REQUIRE(mk.code == 0);
+  const auto r = testing::run_app_process(
+      "pi0-infer", "--bundle " + bundle + " --obs " + obs + " --prompt 'reach the red blob' --out " + out, run.dir);
+  INFO(r.out << r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.out, Contains("subtask[0]: "));
+  CHECK_THAT(r.out, Contains("subtask decoding and sampling"));
+  // The decoded text travels with the actions: a JSON list, one entry per example.
+  const auto meta = io::SafetensorsFile(out).metadata();
+  REQUIRE(meta.count("subtask") == 1);
+  const auto texts = nlohmann::json::parse(meta.at("subtask"));
+  REQUIRE(texts.is_array());
+  CHECK(texts.size() == 1);
+  CHECK_THAT(r.out, Contains("subtask[0]: " + texts[0].get<std::string>()));
+  CHECK(io::read_safetensors(out).at("actions").size(0) == 1);
+}
