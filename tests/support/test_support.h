@@ -7,6 +7,7 @@
 #include <iterator>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -63,6 +64,30 @@ inline nlohmann::json read_json(const std::string& path) {
   std::ifstream f(path);
   REQUIRE(f);
   return nlohmann::json::parse(f);
+}
+
+/// A JSON number written with all 17 significant digits, so that a YAML config built from a golden's settings
+/// reads back the same double.
+inline std::string exact_number(const nlohmann::json& j) {
+  std::ostringstream os;
+  os.precision(17);
+  os << j.get<double>();
+  return os.str();
+}
+
+/// The train-section lines (each "\n  key: value") of openpi's optimizer and schedule as a golden records them
+/// (`optimizer`: b1, b2, eps, weight_decay, clip_gradient_norm; `lr_schedule`: warmup_steps, peak_lr, decay_steps,
+/// decay_lr) and the EMA decay, in this trainer's keys, for the training-parity configs.
+inline std::string openpi_optimizer_yaml(const nlohmann::json& opt, const nlohmann::json& lr,
+                                         const nlohmann::json& ema_decay) {
+  return "\n  lr_warmup_steps: " + std::to_string(lr.at("warmup_steps").get<int64_t>()) +
+         "\n  lr_peak: " + exact_number(lr.at("peak_lr")) +
+         "\n  lr_decay_steps: " + std::to_string(lr.at("decay_steps").get<int64_t>()) +
+         "\n  lr_end: " + exact_number(lr.at("decay_lr")) + "\n  adam_b1: " + exact_number(opt.at("b1")) +
+         "\n  adam_b2: " + exact_number(opt.at("b2")) + "\n  adam_eps: " + exact_number(opt.at("eps")) +
+         "\n  weight_decay: " + exact_number(opt.at("weight_decay")) +
+         "\n  clip_grad_norm: " + exact_number(opt.at("clip_gradient_norm")) +
+         "\n  ema_decay: " + exact_number(ema_decay);
 }
 
 /// A fresh empty directory under the system temp dir, removed when the object dies.

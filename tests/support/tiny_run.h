@@ -31,6 +31,22 @@ inline std::vector<double> metrics_column(const std::string& run_dir, const std:
   return out;
 }
 
+/// Two short example episodes (16-pixel images) under `dir`/data and their norm stats at `dir`/stats.json: the data
+/// pipeline a parity test's trainer needs to exist, whose batches it never draws (train_step gets the fixture's).
+/// Returns the episode file.
+inline std::string write_unread_training_data(const TempDir& dir) {
+  data::ExampleDataOptions eo;
+  eo.episodes = 2;
+  eo.steps = 8;
+  eo.image_size = 16;
+  const auto data_file = data::write_example_libero(dir.str("data"), eo);
+  data::DatasetOptions d;
+  d.paths = {data_file};
+  d.action_horizon = 4;
+  data::save_norm_stats(data::compute_norm_stats(data::RobotDataset(d)), dir.str("stats.json"));
+  return data_file;
+}
+
 // Example data + norm stats in a temp dir, and the debug config pointed at them.
 struct TinyRun {
   TempDir dir{"pi0train"};

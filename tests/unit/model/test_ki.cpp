@@ -24,6 +24,7 @@
 #include "pi0/train/trainer.h"
 #include "support/openpi_fixture.h"
 #include "support/test_support.h"
+#include "support/tiny_run.h"
 
 using namespace pi0;
 using namespace pi0::model;
@@ -420,21 +421,7 @@ TEST_CASE("knowledge insulation parity with openpi's JAX: 12 training steps thro
   // The trainer needs a data pipeline to exist (and train.ki a FAST tokenizer that fits the SentencePiece model);
   // its batches are never drawn here: train_step gets the golden's.
   testing::TempDir dir("pi0parity_ki_train");
-  data::ExampleDataOptions eo;
-  eo.episodes = 2;
-  eo.steps = 8;
-  eo.image_size = 16;
-  const auto data_file = data::write_example_libero(dir.str("data"), eo);
-  data::DatasetOptions d;
-  d.paths = {data_file};
-  d.action_horizon = 4;
-  data::save_norm_stats(data::compute_norm_stats(data::RobotDataset(d)), dir.str("stats.json"));
-  auto num = [](const nlohmann::json& j) {
-    std::ostringstream os;
-    os.precision(17);
-    os << j.get<double>();
-    return os.str();
-  };
+  const auto data_file = testing::write_unread_training_data(dir);
   const auto in = io::read_safetensors(fixture + "/inputs.safetensors");
   const auto batches = io::read_safetensors(fixture + "/train.safetensors");
   const std::string yaml =
@@ -443,15 +430,11 @@ TEST_CASE("knowledge insulation parity with openpi's JAX: 12 training steps thro
       ", tokenizer: " + PI0_SOURCE_DIR + "/data/tokenizer/tiny_spm.model, augment: false, num_workers: 0}\n"
       "train:\n  precision: float32\n  freeze: full\n  batch_size: " + std::to_string(in.at("state").size(0)) +
       "\n  num_steps: " + std::to_string(steps) +
-      "\n  lr_warmup_steps: " + std::to_string(lr.at("warmup_steps").get<int64_t>()) +
-      "\n  lr_peak: " + num(lr.at("peak_lr")) + "\n  lr_decay_steps: " +
-      std::to_string(lr.at("decay_steps").get<int64_t>()) + "\n  lr_end: " + num(lr.at("decay_lr")) +
-      "\n  adam_b1: " + num(opt.at("b1")) + "\n  adam_b2: " + num(opt.at("b2")) + "\n  adam_eps: " + num(opt.at("eps")) +
-      "\n  weight_decay: " + num(opt.at("weight_decay")) + "\n  clip_grad_norm: " + num(opt.at("clip_gradient_norm")) +
-      "\n  ema_decay: " + num(meta.at("train").at("ema_decay")) +
-      "\n  ki: {enabled: true, fast_tokenizer: " + PI0_SOURCE_DIR + "/tests/data/golden/fast/tokenizer_a" +
+      testing::openpi_optimizer_yaml(opt, lr, meta.at("train").at("ema_decay")) +
+      "\n  ki: {enabled: true, fast_tokenizer: " + testing::kTestFastTokenizer +
       ", max_fast_tokens: " + std::to_string(meta.at("fast_tokens").get<int64_t>()) +
-      ", ce_weight: " + num(meta.at("ce_weight")) + ", flow_weight: " + num(meta.at("flow_weight")) + "}" +
+      ", ce_weight: " + testing::exact_number(meta.at("ce_weight")) +
+      ", flow_weight: " + testing::exact_number(meta.at("flow_weight")) + "}" +
       "\ncheckpoint: {run_dir: " + dir.str("run") + ", init_weights: " + fixture + "/weights.safetensors}\n";
   const auto cfg = config::parse_config(YAML::Load(yaml), "fixture KI train config");
   train::Trainer trainer(cfg);
