@@ -47,6 +47,7 @@ import json
 import os
 import sys
 import tempfile
+import types
 
 import numpy as np
 
@@ -161,16 +162,16 @@ def keep(tensors, key, value):
     tensors[key + "/norm"] = np.array([np.linalg.norm(v.astype(np.float64))], np.float32)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--openpi", required=True, help="openpi's .git or bare repository")
-    parser.add_argument("--fixture", required=True, help="../shared/fixtures/openpi/pi05")
-    args = parser.parse_args()
+def build(openpi, fixture):
+    """openpi's pi0.5 at the fixture's dimensions holding its weights, in JAX on the CPU (float32, matmul precision
+    "highest"), and the fixture's files: the set-up every generator on the pi05 fixture shares (this one and
+    subtask_reference.py). Returns a namespace: the JAX and openpi modules, cfg, weights, inputs, outputs,
+    train_fixture, graphdef/params/rest (nnx.split(model, nnx.Param, ...)), b, h, cams and observation(state)."""
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
     jax.config.update("jax_platforms", "cpu")
-    src = fastref.extract_openpi(args.openpi, tempfile.mkdtemp(prefix="openpi_src_"))
+    src = fastref.extract_openpi(openpi, tempfile.mkdtemp(prefix="openpi_src_"))
     sys.path.insert(0, src)
     fastref.install_stubs()
     import flax.nnx as nnx
@@ -184,11 +185,11 @@ def main():
     import openpi.models.siglip as siglip
     import openpi.training.optimizer as optimizer
 
-    cfg = json.load(open(os.path.join(args.fixture, "config.json")))
-    weights = read_safetensors(os.path.join(args.fixture, "weights.safetensors"))
-    inputs = read_safetensors(os.path.join(args.fixture, "inputs.safetensors"))
-    outputs = read_safetensors(os.path.join(args.fixture, "outputs.safetensors"))
-    train_fixture = read_safetensors(os.path.join(args.fixture, "train.safetensors"))
+    cfg = json.load(open(os.path.join(fixture, "config.json")))
+    weights = read_safetensors(os.path.join(fixture, "weights.safetensors"))
+    inputs = read_safetensors(os.path.join(fixture, "inputs.safetensors"))
+    outputs = read_safetensors(os.path.join(fixture, "outputs.safetensors"))
+    train_fixture = read_safetensors(os.path.join(fixture, "train.safetensors"))
     pg, ex, sg_cfg = cfg["paligemma"], cfg["action_expert"], cfg["siglip"]
     dims = ("width", "depth", "mlp_dim", "num_heads", "num_kv_heads", "head_dim")
 
@@ -216,7 +217,98 @@ def main():
         assert np.array_equal(value, weights[name]), name
 
     cams = cfg["image_keys"]
-    b, h = inputs["actions"].shape[0], cfg["action_horizon"]
+
+    def observation(state_value):
+        return model_mod.Observation(
+            images={c: inputs[f"image/{c}"] for c in cams}, image_masks={c: inputs[f"image_mask/{c}"] for c in cams},
+            state=state_value, tokenized_prompt=inputs["tokenized_prompt"].astype(np.int32),
+            tokenized_prompt_mask=inputs["tokenized_prompt_mask"].astype(bool))
+
+    return types.SimpleNamespace(
+        jax=jax, jnp=jnp, nnx=nnx, optax=optax, pi0=pi0, model_mod=model_mod, optimizer=optimizer, cfg=cfg,
+        weights=weights, inputs=inputs, outputs=outputs, train_fixture=train_fixture, graphdef=graphdef, params=params,
+        rest=rest, b=inputs["actions"].shape[0], h=cfg["action_horizon"], cams=cams, observation=observation)
+
+
+def make_prefix_forward(e):
+    """The training forward over [P; T; F] (Pi0Impl::compute_prefix_loss), from openpi's pieces:
+      pass 1: PaliGemma.llm over [embed_prefix(obs); embed(T); embed(F)] with make_attn_mask(pad, ar) (ar = 1 on every
+              T and F row: causal blocks after the bidirectional prefix), positions cumsum(pad) - 1; it returns the
+              final-normed outputs and every layer's keys/values;
+      pass 2: the action expert over embed_suffix(x_t, t) against the keys/values of the P and T rows (stop_gradient
+              under KI) with the mask and positions of Pi0.sample_actions after them (n_valid(P u T) + arange): the
+              expert never attends to the FAST rows;
+      CE:     each target predicted from the nearest valid row before it (T's first target from the cue's last
+              token; F_0 from T's EOS, or from P's last valid row without T) through the tied embedding
+              (gemma.Embedder.decode), log_softmax, per example the mean over its targets, batch mean (pi0_fast.py's
+              reduction), per block;
+      FM:     mean((v_t - u_t)^2) over B, H and action dims.
+    forward(p, obs, actions, noise, time, fast, fast_mask, stop_gradient, subtask=None) with subtask None or
+    (tokens, mask, targets) [B,T] returns ce, fm, v_t, ce_mean and (with T) ce_t, ce_t_mean."""
+    jax, jnp, pi0, nnx, model_mod = e.jax, e.jnp, e.pi0, e.nnx, e.model_mod
+
+    def block_ce(m, hidden, prev_valid, tokens, targets, offset):
+        rows = jnp.maximum(prev_valid[:, offset:offset + tokens.shape[1]], 0)  # padding rows: any row, weighted 0
+        h_t = jnp.take_along_axis(hidden, rows[:, :, None], axis=1)
+        logits = m.PaliGemma.llm(h_t, method=lambda mod, x: mod.embedder.decode(x))
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(logp, tokens[:, :, None], axis=-1)[..., 0]
+        return jnp.sum(nll * targets, -1) / jnp.clip(jnp.sum(targets, -1), 1)
+
+    def forward(p, obs, actions, noise, time, fast, fast_mask, stop_gradient, subtask=None):
+        m = nnx.merge(e.graphdef, p, e.rest)
+        b = actions.shape[0]
+        obs = model_mod.preprocess_observation(None, obs, train=False)
+        t = time[:, None, None]
+        x_t = t * noise + (1 - t) * actions
+        u_t = noise - actions
+        # Pass 1: the backbone over [P; T; F].
+        prefix_tokens, prefix_mask, prefix_ar = m.embed_prefix(obs)
+        tp = prefix_tokens.shape[1]
+        tt = 0 if subtask is None else subtask[0].shape[1]
+        blocks = ([] if subtask is None else [subtask[:2]]) + [(fast, fast_mask)]
+        tokens = jnp.concatenate([prefix_tokens] + [m.PaliGemma.llm(ids, method="embed") for ids, _ in blocks], axis=1)
+        pad = jnp.concatenate([prefix_mask] + [mask for _, mask in blocks], axis=1)
+        ar = jnp.concatenate([prefix_ar, jnp.ones(tt + fast.shape[1], bool)])
+        (hidden, _), (k, v) = m.PaliGemma.llm([tokens, None], mask=pi0.make_attn_mask(pad, ar),
+                                              positions=jnp.cumsum(pad, axis=1) - 1)
+        # Pass 2: the expert against P u T's keys/values (stop-gradient under KI), as Pi0.sample_actions' step.
+        seen = tp + tt
+        kp, vp, seen_mask = k[:, :, :seen], v[:, :, :seen], pad[:, :seen]
+        if stop_gradient:
+            kp, vp = jax.lax.stop_gradient(kp), jax.lax.stop_gradient(vp)
+        suffix_tokens, suffix_mask, suffix_ar, cond = m.embed_suffix(obs, x_t, time)
+        full_mask = jnp.concatenate([
+            jnp.broadcast_to(seen_mask[:, None, :], (b, suffix_tokens.shape[1], seen)),
+            pi0.make_attn_mask(suffix_mask, suffix_ar)], axis=-1)
+        positions = jnp.sum(seen_mask, axis=-1)[:, None] + jnp.cumsum(suffix_mask, axis=-1) - 1
+        (_, suffix_out), _ = m.PaliGemma.llm([None, suffix_tokens], mask=full_mask, positions=positions,
+                                             kv_cache=(kp, vp), adarms_cond=[None, cond])
+        v_t = m.action_out_proj(suffix_out[:, -e.h:])
+        fm = jnp.mean(jnp.square(v_t - u_t))
+        # The row each target is read from: the nearest valid row before it.
+        total = pad.shape[1]
+        valid_at = jnp.where(pad, jnp.arange(total)[None, :], -1)
+        prev_valid = jnp.concatenate([jnp.full((b, 1), -1), jax.lax.cummax(valid_at, axis=1)[:, :-1]], axis=1)
+        ce = block_ce(m, hidden, prev_valid, fast, fast_mask, seen)
+        out = {"ce": ce, "fm": fm, "v_t": v_t, "ce_mean": jnp.mean(ce)}
+        if subtask is not None:
+            out["ce_t"] = block_ce(m, hidden, prev_valid, subtask[0], subtask[2], tp)
+            out["ce_t_mean"] = jnp.mean(out["ce_t"])
+        return out
+
+    return forward
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--openpi", required=True, help="openpi's .git or bare repository")
+    parser.add_argument("--fixture", required=True, help="../shared/fixtures/openpi/pi05")
+    args = parser.parse_args()
+    e = build(args.openpi, args.fixture)
+    jax, jnp, optax, optimizer = e.jax, e.jnp, e.optax, e.optimizer
+    cfg, inputs, outputs, train_fixture, params, b = e.cfg, e.inputs, e.outputs, e.train_fixture, e.params, e.b
+    observation = e.observation
     rng = np.random.default_rng(45)
 
     def fast_block():
@@ -226,49 +318,11 @@ def main():
             mask[i, :n] = True
         return np.where(mask, tokens, 0).astype(np.int32), mask
 
-    def observation(state_value):
-        return model_mod.Observation(
-            images={c: inputs[f"image/{c}"] for c in cams}, image_masks={c: inputs[f"image_mask/{c}"] for c in cams},
-            state=state_value, tokenized_prompt=inputs["tokenized_prompt"].astype(np.int32),
-            tokenized_prompt_mask=inputs["tokenized_prompt_mask"].astype(bool))
+    prefix_forward = make_prefix_forward(e)
 
     def ki_forward(p, obs, actions, noise, time, fast, fast_mask, stop_gradient):
-        m = nnx.merge(graphdef, p, rest)
-        obs = model_mod.preprocess_observation(None, obs, train=False)
-        t = time[:, None, None]
-        x_t = t * noise + (1 - t) * actions
-        u_t = noise - actions
-        # Pass 1: the backbone over [P; F].
-        prefix_tokens, prefix_mask, prefix_ar = m.embed_prefix(obs)
-        tp = prefix_tokens.shape[1]
-        tokens = jnp.concatenate([prefix_tokens, m.PaliGemma.llm(fast, method="embed")], axis=1)
-        pad = jnp.concatenate([prefix_mask, fast_mask], axis=1)
-        ar = jnp.concatenate([prefix_ar, jnp.ones(F, bool)])
-        (hidden, _), (k, v) = m.PaliGemma.llm([tokens, None], mask=pi0.make_attn_mask(pad, ar),
-                                              positions=jnp.cumsum(pad, axis=1) - 1)
-        # Pass 2: the expert against P's keys/values (stop-gradient under KI), as Pi0.sample_actions' step.
-        kp, vp = k[:, :, :tp], v[:, :, :tp]
-        if stop_gradient:
-            kp, vp = jax.lax.stop_gradient(kp), jax.lax.stop_gradient(vp)
-        suffix_tokens, suffix_mask, suffix_ar, cond = m.embed_suffix(obs, x_t, time)
-        full_mask = jnp.concatenate([
-            jnp.broadcast_to(prefix_mask[:, None, :], (b, suffix_tokens.shape[1], tp)),
-            pi0.make_attn_mask(suffix_mask, suffix_ar)], axis=-1)
-        positions = jnp.sum(prefix_mask, axis=-1)[:, None] + jnp.cumsum(suffix_mask, axis=-1) - 1
-        (_, suffix_out), _ = m.PaliGemma.llm([None, suffix_tokens], mask=full_mask, positions=positions,
-                                             kv_cache=(kp, vp), adarms_cond=[None, cond])
-        v_t = m.action_out_proj(suffix_out[:, -h:])
-        fm = jnp.mean(jnp.square(v_t - u_t))
-        # CE at the FAST targets through the tied embedding: F_0 from P's last valid row, F_j from F_{j-1}'s.
-        last_p = jnp.max(jnp.where(prefix_mask, jnp.arange(tp)[None, :], -1), axis=1)
-        rows = jnp.concatenate([last_p[:, None], jnp.broadcast_to(tp + jnp.arange(F - 1)[None, :], (b, F - 1))], 1)
-        h_t = jnp.take_along_axis(hidden, rows[:, :, None], axis=1)
-        logits = m.PaliGemma.llm(h_t, method=lambda mod, x: mod.embedder.decode(x))
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp, fast[:, :, None], axis=-1)[..., 0]
-        ce = jnp.sum(nll * fast_mask, -1) / jnp.clip(jnp.sum(fast_mask, -1), 1)
-        return {"ce": ce, "fm": fm, "v_t": v_t, "ce_mean": jnp.mean(ce),
-                "total": CE_WEIGHT * jnp.mean(ce) + FLOW_WEIGHT * fm}
+        out = prefix_forward(p, obs, actions, noise, time, fast, fast_mask, stop_gradient)
+        return {**out, "total": CE_WEIGHT * out["ce_mean"] + FLOW_WEIGHT * out["fm"]}
 
     obs = observation(inputs["state"])
     actions, noise, time = inputs["actions"], inputs["noise"], inputs["time"]
