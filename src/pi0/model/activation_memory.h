@@ -35,6 +35,12 @@
 //   CE logits          float32 logits over the vocabulary at every FAST target row, B·F·V·4, kept for the
 //                      log-softmax's backward (computed only at those rows, in chunks of 256 rows, which bounds the
 //                      transient: the logits' gradient and exp of one chunk, 8·min(256, B·F)·V)
+// Subtask prediction (train.subtask, docs/subtask.md) runs the same two passes (with or without insulation; the
+// expert's K/V are detached only under insulation, but copied either way) with T = train.subtask.max_tokens more
+// backbone rows [P; T; F], which the expert reads too: pass 2 attends to Tp + T keys/values (logits
+// N·Ts·(Tp + T + Ts), K/V copies 2e·K·D·(Tp + T)), and the block's own CE keeps float32 logits at its target
+// rows, B·T·V·4 at most (the cue's rows are never targets, but its length is the tokenizer's: the plan takes T),
+// in chunks of 256 rows of their own.
 #pragma once
 #include <cstdint>
 
@@ -48,9 +54,11 @@ struct ActivationMemory {
   int64_t last_layer = 0;  ///< still alive when backward reaches the first layer (the recomputed layer, with
                            ///< checkpointing; else the first SigLIP layer's tensors)
   int64_t transient = 0;  ///< the largest short-lived working set on top (attention logits of one layer)
-  /// Knowledge insulation's own terms, parts of `saved` (0 without it): the float32 CE logits at the FAST target
-  /// rows, and the detached prefix key/value copies of the expert's pass (of the layers whole at the peak).
-  int64_t ki_logits = 0, ki_kv_copies = 0;
+  /// The text blocks' own terms, parts of `saved` (0 without them): the float32 CE logits at the FAST target rows
+  /// (knowledge insulation) and at the subtask target rows (subtask prediction), and the copies of the prefix keys
+  /// and values (P and the subtask block) the expert's pass concatenates before its own (of the layers whole at the
+  /// peak; detached under insulation).
+  int64_t ki_logits = 0, subtask_logits = 0, kv_copies = 0;
   int64_t peak() const { return saved + transient; }
 };
 
@@ -68,15 +76,23 @@ struct GradientReach {
 /// Rows of the FAST cross-entropy's logits computed at once (Pi0Impl::compute_ki_loss's default chunk).
 constexpr int64_t kKiLogitChunk = 256;
 
+/// The text blocks the backbone reads after the prompt (Pi0Impl::compute_prefix_loss), in tokens per sample; either
+/// one turns the joint pass into the backbone's pass and the expert's.
+struct TextBlocks {
+  int64_t fast = 0;     ///< F: train.ki.max_fast_tokens with knowledge insulation (pi0.5 only), else 0
+  int64_t subtask = 0;  ///< T: train.subtask.max_tokens with subtask prediction (pi0.5 only), else 0
+  bool any() const { return fast > 0 || subtask > 0; }
+};
+
 /// Estimate for a batch of `batch` samples with `num_cameras` images each, computing in `compute_bytes`-byte
 /// elements (2 or 4), with the layers of `checkpointed` recomputed in backward (each count 0 to its stack's depth).
-/// `fast_tokens`: train.ki.max_fast_tokens with knowledge insulation on (pi0.5 only), 0 without it.
+/// `blocks`: the FAST and subtask blocks' lengths (none by default).
 /// `reach`: the parts backward reaches (by default all: a full fine-tune).
 ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t num_cameras, int64_t compute_bytes,
-                                   const CheckpointedLayers& checkpointed, int64_t fast_tokens = 0,
+                                   const CheckpointedLayers& checkpointed, const TextBlocks& blocks = {},
                                    const GradientReach& reach = {});
 /// The same with every layer checkpointed (all_layers(o)) or none.
 ActivationMemory activation_memory(const Pi0Options& o, int64_t batch, int64_t num_cameras, int64_t compute_bytes,
-                                   bool checkpointing, int64_t fast_tokens = 0, const GradientReach& reach = {});
+                                   bool checkpointing, const TextBlocks& blocks = {}, const GradientReach& reach = {});
 
 }  // namespace pi0::model

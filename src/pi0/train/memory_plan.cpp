@@ -66,6 +66,22 @@ namespace {
 // Every camera slot goes through SigLIP, present or not (a missing camera is a masked black image).
 const int64_t kPlannedCameras = static_cast<int64_t>(model::kCameraNames.size());
 
+// The FAST and subtask blocks a step of cfg reads after the prompt (Pi0Impl::compute_prefix_loss).
+model::TextBlocks text_blocks(const config::Config& cfg) {
+  return {cfg.train.ki.enabled ? cfg.train.ki.max_fast_tokens : 0,
+          cfg.train.subtask.enabled ? cfg.train.subtask.max_tokens : 0};
+}
+
+// The activations of `plan` without the FAST block (`fast`) or without the subtask block: what that block adds is
+// the difference (model/activation_memory.h).
+model::ActivationMemory without_block(const config::Config& cfg, const MemoryPlan& plan, bool fast) {
+  auto blocks = text_blocks(cfg);
+  (fast ? blocks.fast : blocks.subtask) = 0;
+  return model::activation_memory(model::options_from_config(cfg.model), plan.micro_batch, plan.num_cameras,
+                                  cfg.train.precision == "float32" ? 4 : 2, plan.checkpointed, blocks,
+                                  gradient_reach(cfg));
+}
+
 // The activations of one micro-batch of `micro_batch` samples under cfg's precision, with the layers of
 // `checkpointed` recomputed in backward (by default train.gradient_checkpointing as written), for the parts backward
 // reaches (by default gradient_reach(cfg); callers planning many splits pass it once).
@@ -75,8 +91,7 @@ model::ActivationMemory planned_activations(const config::Config& cfg, int64_t m
   return model::activation_memory(model::options_from_config(cfg.model), micro_batch, kPlannedCameras,
                                   cfg.train.precision == "float32" ? 4 : 2,
                                   checkpointed ? *checkpointed : planned_checkpointing(cfg),
-                                  cfg.train.ki.enabled ? cfg.train.ki.max_fast_tokens : 0,
-                                  reach ? *reach : gradient_reach(cfg));
+                                  text_blocks(cfg), reach ? *reach : gradient_reach(cfg));
 }
 
 // The layer a parameter belongs to ("...layers.12"), or its module path outside the layer stacks.
@@ -582,16 +597,24 @@ std::string format_memory_report(const config::Config& cfg, int64_t world_size, 
                        cfg.train.precision.c_str(), checkpointing.c_str(), gib(plan.activations.saved),
                        gib(plan.activations.transient));
   if (cfg.train.ki.enabled) {
-    // What knowledge insulation adds, against the same step without it (model/activation_memory.h).
-    const auto off = model::activation_memory(model::options_from_config(cfg.model), plan.micro_batch,
-                                              plan.num_cameras, cfg.train.precision == "float32" ? 4 : 2,
-                                              plan.checkpointed, 0, gradient_reach(cfg));
+    const auto off = without_block(cfg, plan, true);
     out += printf_string("  of which knowledge insulation (train.ki, %lld FAST tokens per sample): %.2f GiB kept (%.2f "
                          "GiB float32 CE logits at the FAST target rows, %.2f GiB detached prefix K/V copies, the "
                          "rest the FAST tokens in the backbone's pass) + %.2f GiB transient\n",
                          static_cast<long long>(cfg.train.ki.max_fast_tokens),
                          gib(plan.activations.saved - off.saved), gib(plan.activations.ki_logits),
-                         gib(plan.activations.ki_kv_copies), gib(plan.activations.transient - off.transient));
+                         gib(plan.activations.kv_copies), gib(plan.activations.transient - off.transient));
+  }
+  if (cfg.train.subtask.enabled) {
+    const auto off = without_block(cfg, plan, false);
+    out += printf_string("  of which subtask prediction (train.subtask, %lld tokens per sample): %.2f GiB kept (%.2f "
+                         "GiB float32 CE logits at the subtask target rows, the rest the block's rows in the "
+                         "backbone's pass and %s) + %.2f GiB transient\n",
+                         static_cast<long long>(cfg.train.subtask.max_tokens), gib(plan.activations.saved - off.saved),
+                         gib(plan.activations.subtask_logits),
+                         cfg.train.ki.enabled ? "the expert's K/V copies of them"
+                                              : "the expert's pass, which reads copies of the prefix and block K/V",
+                         gib(plan.activations.transient - off.transient));
   }
   if (cfg.train.device.rfind("cuda", 0) == 0) {
     // Tensors live on the GPU there; the host-side runtime and glibc slack terms were calibrated on CPU runs.
@@ -635,7 +658,13 @@ nlohmann::json memory_report_json(const config::Config& cfg, int64_t world_size,
   if (cfg.train.ki.enabled) {
     j["ki_fast_tokens"] = cfg.train.ki.max_fast_tokens;
     j["ki_logit_bytes"] = plan.activations.ki_logits;
-    j["ki_kv_copy_bytes"] = plan.activations.ki_kv_copies;
+    j["ki_kv_copy_bytes"] = plan.activations.kv_copies;
+  }
+  if (cfg.train.subtask.enabled) {
+    j["subtask_tokens"] = cfg.train.subtask.max_tokens;
+    j["subtask_logit_bytes"] = plan.activations.subtask_logits;
+    j["subtask_activation_bytes"] = plan.activations.saved - without_block(cfg, plan, false).saved;
+    j["prefix_kv_copy_bytes"] = plan.activations.kv_copies;  // of P and the block, as ki_kv_copy_bytes with train.ki
   }
   j["peak_bytes"] = r.peak;  // tensors only: what the allocator holds
   j["per_rank"] = rank_memory_json(r.rank);

@@ -430,10 +430,10 @@ TEST_CASE("memory plan with knowledge insulation counts the FAST tokens and the 
     const int64_t logits = p.depth * per_logit * b * p.num_heads * (tb * tb + ts * t - t * t);
     const int64_t added = f_rows + logits + kv_copies + ce_logits;
     CHECK(plan_on.activations.ki_logits == ce_logits);
-    CHECK(plan_on.activations.ki_kv_copies == kv_copies);
+    CHECK(plan_on.activations.kv_copies == kv_copies);
     CHECK(plan_on.activations.saved - plan_off.activations.saved == added);
     CHECK(plan_off.activations.ki_logits == 0);
-    CHECK(plan_off.activations.ki_kv_copies == 0);
+    CHECK(plan_off.activations.kv_copies == 0);
     // The transient: here one 256-row chunk of CE logits (all B·F = 192 rows) and its gradient outweigh the
     // attention logits of a layer.
     const int64_t chunk = std::min<int64_t>(model::kKiLogitChunk, b * kF) * p.vocab_size * 8;
@@ -452,8 +452,84 @@ TEST_CASE("memory plan with knowledge insulation counts the FAST tokens and the 
     auto ck = on;
     ck.train.gradient_checkpointing = "true";
     const auto plan_ck = train::plan_memory(ck, 1);
-    CHECK(plan_ck.activations.ki_kv_copies == 0);
+    CHECK(plan_ck.activations.kv_copies == 0);
     CHECK(plan_ck.activations.ki_logits == ce_logits);
     CHECK(plan_ck.activations.saved < plan_on.activations.saved);
+  }
+}
+
+TEST_CASE("memory plan with subtask prediction counts the block rows and its CE logits and the expert K/V copies",
+          "[unit][train][subtask]") {
+  // What train.subtask adds (model/activation_memory.h), re-derived term by term for the tiny model (no
+  // checkpointing): without train.ki against the plain joint pass, with it against knowledge insulation alone.
+  constexpr int64_t kT = 20, kF = 16;
+  const std::vector<std::string> subtask = {"train.subtask.enabled=true", "train.subtask.key=subtask_index",
+                                            "train.subtask.max_tokens=" + std::to_string(kT)};
+  const std::vector<std::string> ki = {"train.ki.enabled=true",
+                                       "train.ki.fast_tokenizer=" + std::string(PI0_SOURCE_DIR) +
+                                           "/tests/data/golden/fast/tokenizer_a",
+                                       "train.ki.max_fast_tokens=" + std::to_string(kF)};
+  for (const std::string precision : {"float32", "bf16-mixed"}) {
+    for (const bool with_ki : {false, true}) {
+      INFO(precision << (with_ki ? " with train.ki" : ""));
+      // A larger vocabulary than kTiny's, so that a chunk of CE logits is the transient (checked below).
+      std::vector<std::string> base = {"train.precision=" + precision, "model.vocab_size=4096"};
+      if (with_ki) base.insert(base.end(), ki.begin(), ki.end());
+      auto both = base;
+      both.insert(both.end(), subtask.begin(), subtask.end());
+      const auto on = config::parse_config(YAML::Load(kTiny), "tiny.yaml", both);
+      const auto off = config::parse_config(YAML::Load(kTiny), "tiny.yaml", base);
+      const auto plan_on = train::plan_memory(on, 1), plan_off = train::plan_memory(off, 1);
+      const auto o = model::options_from_config(on.model);
+      const auto& p = o.paligemma;
+      const int64_t e = precision == "float32" ? 4 : 2, b = plan_on.micro_batch, cams = plan_on.num_cameras;
+      const int64_t tp = cams * o.siglip.num_patches() + o.max_token_len, ts = o.action_horizon;
+      const int64_t f = with_ki ? kF : 0;
+      const int64_t per_logit = e == 4 ? 4 : 4 + e;
+      const int64_t kv = 2 * e * p.num_kv_heads * p.head_dim;  // one token's keys and values, one layer
+      // CE: float32 logits over the vocabulary at every row of the block (the cue's rows are no targets, but the
+      // plan has no tokenizer: T is the bound).
+      const int64_t ce_logits = b * kT * p.vocab_size * 4;
+      // Pass 2 of each layer copies the P ∪ T keys/values (concatenated before the suffix's).
+      const int64_t kv_copies = p.depth * b * kv * (tp + kT);
+      // The T rows through every prefix-expert layer and the final norm: what T more prompt tokens cost in the same
+      // pass, less that pass's longer attention logits; then the logits of the two passes with the block against
+      // those without it (without train.ki the joint pass's (Tp + Ts)², and no K/V copies).
+      const auto layer_logits = [&](int64_t backbone_rows, int64_t seen, bool two_pass) {
+        return two_pass ? backbone_rows * backbone_rows + ts * (seen + ts)
+                        : (backbone_rows + ts) * (backbone_rows + ts);
+      };
+      auto longer = off;
+      longer.model.max_token_len += kT;
+      const int64_t tb_off = tp + f, tb_on = tp + kT + f;
+      const int64_t t_rows = train::plan_memory(longer, 1).activations.saved - plan_off.activations.saved -
+                             p.depth * per_logit * b * p.num_heads *
+                                 (layer_logits(tb_off + kT, tp + kT, with_ki) - layer_logits(tb_off, tp, with_ki)) -
+                             (with_ki ? p.depth * b * kv * kT : 0);  // the longer prompt's copies, counted below
+      const int64_t logits = p.depth * per_logit * b * p.num_heads *
+                             (layer_logits(tb_on, tp + kT, true) - layer_logits(tb_off, tp, with_ki));
+      const int64_t copies_added = kv_copies - (with_ki ? p.depth * b * kv * tp : 0);
+      CHECK(plan_on.activations.subtask_logits == ce_logits);
+      CHECK(plan_on.activations.kv_copies == kv_copies);
+      CHECK(plan_on.activations.saved - plan_off.activations.saved == t_rows + logits + copies_added + ce_logits);
+      CHECK(plan_off.activations.subtask_logits == 0);
+      CHECK(plan_on.activations.ki_logits == plan_off.activations.ki_logits);
+      // The transient: one 256-row chunk of a block's CE logits (here B·T = 240 rows of the subtask's, more than
+      // the FAST block's 192) and its gradient outweigh the attention logits of a layer.
+      const int64_t chunk = std::min<int64_t>(model::kKiLogitChunk, b * kT) * p.vocab_size * 8;
+      REQUIRE(chunk > 8 * b * p.num_heads * std::max(tb_on * tb_on, ts * (tp + kT + ts)));
+      CHECK(plan_on.activations.transient == chunk);
+      // The report and its JSON say so.
+      const auto text = train::format_memory_report(on, 1, false);
+      CHECK_THAT(text, Catch::Contains("of which subtask prediction (train.subtask, 20 tokens per sample)"));
+      CHECK(train::format_memory_report(off, 1, false).find("subtask prediction") == std::string::npos);
+      const auto json = train::memory_report_json(on, 1, false);
+      CHECK(json.at("subtask_tokens").get<int64_t>() == kT);
+      CHECK(json.at("subtask_logit_bytes").get<int64_t>() == ce_logits);
+      CHECK(json.at("prefix_kv_copy_bytes").get<int64_t>() == kv_copies);
+      CHECK(json.at("subtask_activation_bytes").get<int64_t>() ==
+            plan_on.activations.saved - plan_off.activations.saved);
+      CHECK_FALSE(train::memory_report_json(off, 1, false).contains("subtask_tokens"));
+    }
   }
 }
