@@ -103,7 +103,10 @@ PlacementTable make_placement(const std::vector<model::ParamSpec>& layout, const
     p.storage = precision == "bf16" || (precision == "bf16-mixed" && !p.trainable) ? torch::kBFloat16
                                                                                      : torch::kFloat32;
     p.compute = reads_in_float32(p.name) ? torch::kFloat32 : table.compute;
-    p.cast_cached = cast_cache && p.trainable && p.storage != p.compute && casts_in_layers(p.name);
+    // nn::Dense caches whatever it casts, trained or not: the bf16 copies of float32 masters under bf16-mixed, and
+    // the float32 copies of frozen bf16 weights read in float32 (time MLPs, projections, adaRMS modulation), which
+    // the step census found (tests/unit/train/test_step_census.cpp).
+    p.cast_cached = cast_cache && p.storage != p.compute && casts_in_layers(p.name);
     p.device_copy = p.storage;
     if (offload && p.trainable) {
       // The device copy is already in the dtype the layer reads, so nothing is cast (or cached) on the device.

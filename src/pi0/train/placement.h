@@ -9,11 +9,13 @@
 //   precision   | trainable storage | frozen storage | grad | AdamW moments | cast cache     | compute
 //   "float32"   | f32 (4)           | f32 (4)        | 4    | 2 × 4         | —              | f32
 //   "bf16-mixed"| f32 master (4)    | bf16 (2)       | 4    | 2 × 4         | bf16 (2) [1]   | bf16
-//   "bf16"      | bf16 (2)          | bf16 (2)       | 2    | 2 × 2         | —              | bf16
+//   "bf16"      | bf16 (2)          | bf16 (2)       | 2    | 2 × 2         | f32 (4) [2]    | bf16
 // Gradients and AdamW's moments take the parameter's storage dtype; the EMA is float32 (4) for what trains
 // (averaging frozen weights gives the weights themselves). Frozen weights only feed bf16 matmuls under bf16-mixed,
 // so they are stored in bf16. [1] trainable layer weights only (not norm scales, embedding tables, lm_head),
-// and only with train.weight_cast_cache (nn::Dense keeps the copy from one forward to the next).
+// and only with train.weight_cast_cache (nn::Dense keeps the copy from one forward to the next); besides, as in
+// [2], a frozen layer weight stored in bf16 and read in float32 gets a float32 copy. [2] the layers the model keeps
+// in float32 (below: projections, time MLPs, adaRMS modulation), with train.weight_cast_cache.
 //
 // train.offload=optimizer moves what trains to the host (Residence::kHost): its master weight, AdamW's moments and
 // the EMA live in host memory (pageable), with a float32 gradient accumulation only where gradients are summed
@@ -127,8 +129,9 @@ struct ComponentStats {
   int64_t grad_bytes = 0;        ///< gradients of trainable parameters
   int64_t optimizer_bytes = 0;   ///< AdamW exp_avg + exp_avg_sq of trainable parameters
   int64_t ema_bytes = 0;         ///< float32 EMA of trainable parameters (0 when EMA is off)
-  /// bf16 copies of trainable float32 layer weights (nn::Dense's cast cache, bf16-mixed only): kept from one
-  /// forward to the next, so persistent too
+  /// Copies in the compute dtype of layer weights stored in another (nn::Dense's cast cache): bf16 copies of
+  /// trainable float32 layer weights under bf16-mixed, float32 copies of bf16-stored weights of the layers read in
+  /// float32 (frozen ones under bf16-mixed; all under bf16); kept from one forward to the next, so persistent too
   int64_t cast_bytes = 0;
   /// train.offload=optimizer: the device copies of host-resident parameters (weights in the dtype they are read in)
   int64_t device_copy_bytes = 0;
