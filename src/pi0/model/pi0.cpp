@@ -160,6 +160,16 @@ PaliGemmaWithExpertImpl::PaliGemmaWithExpertImpl(const Pi0Options& o) {
   expert = holder(*this, "gemma_expert")->register_module("model", GemmaModel(expert_opts));
 }
 
+bool PaliGemmaWithExpertImpl::prefix_needs_grad(int64_t l, const torch::Tensor& prefix, const torch::Tensor& k_cache,
+                                                const torch::Tensor& v_cache) {
+  if (prefix.requires_grad() || (k_cache.defined() && k_cache.requires_grad()) ||
+      (v_cache.defined() && v_cache.requires_grad()))
+    return true;
+  for (const auto& p : language_model->layers[l]->parameters())
+    if (p.requires_grad()) return true;
+  return false;
+}
+
 std::vector<torch::Tensor> PaliGemmaWithExpertImpl::layer_forward(int64_t l, const torch::Tensor& prefix,
                                                                   const torch::Tensor& suffix,
                                                                   const torch::Tensor& mask,
@@ -198,6 +208,13 @@ std::vector<torch::Tensor> PaliGemmaWithExpertImpl::layer_forward(int64_t l, con
   }
   auto attn = joint_attention(q, k, v, mask);
   auto parts = lengths.size() == 1 ? std::vector<torch::Tensor>{attn} : attn.split_with_sizes(lengths, 1);
+  // The joint attention's output is one tensor, differentiable through the suffix's queries, keys and values, so
+  // without this the prefix rows would record a graph from the first layer on (their o_proj, norms and MLP kept for
+  // backward) even when nothing at or below them trains (train.freeze=action-expert-only). No prefix row sees a
+  // suffix row (the prefix-LM mask), so their gradient through the attention is exactly zero: cutting them from the
+  // graph changes no value and no gradient, only what backward keeps and computes.
+  if (lengths.size() == 2 && torch::GradMode::is_enabled() && !prefix_needs_grad(l, prefix, k_cache, v_cache))
+    parts[0] = parts[0].detach();
   size_t part = 0;
   torch::Tensor out[2];
   for (int e = 0; e < 2; ++e) {
@@ -250,6 +267,11 @@ PaliGemmaWithExpertImpl::Output PaliGemmaWithExpertImpl::forward(const torch::Te
       out = layer_forward(l, x_prefix, x_suffix, mask, rope, cond, kc, vc);
     }
     if (cache_out) cache_out->k.push_back(out.at(2)), cache_out->v.push_back(out.at(3));
+    // A checkpointed layer's outputs all require grad when any input does; its prefix output needs none when the
+    // prefix did not (layer_forward cut it from the graph), and the next layer must see that.
+    if (x_prefix.defined() && x_suffix.defined() && out[0].requires_grad() &&
+        !prefix_needs_grad(l, x_prefix, kc, vc))
+      out[0] = out[0].detach();
     x_prefix = out[0];
     x_suffix = out[1];
   }

@@ -88,6 +88,10 @@ class PaliGemmaWithExpertImpl : public torch::nn::Module {
                                            const torch::Tensor& mask, const nn::RopeTables& rope,
                                            const torch::Tensor& cond, const torch::Tensor& k_cache,
                                            const torch::Tensor& v_cache);
+  // Whether layer l's prefix rows need gradients: its input or the cache it reads does, or one of its prefix-expert
+  // parameters trains (a LoRA factor included).
+  bool prefix_needs_grad(int64_t l, const torch::Tensor& prefix, const torch::Tensor& k_cache,
+                         const torch::Tensor& v_cache);
 };
 TORCH_MODULE(PaliGemmaWithExpert);
 

@@ -127,10 +127,9 @@ model::GradientReach gradient_reach(const PlacementTable& table) {
     if (p.name.find(".vision_tower.") != std::string::npos) reach.vision = true;
     if (c == "vision" || c == "language" || c == "embedding") reach.prefix = true;
   }
-  // NOTE: the prefix expert's saving is not planned yet: runs with it frozen (action-expert-only) allocated as if it
-  // kept its tensors (tests/integration/test_frozen_memory.cpp measured 216.7 MB against 164.9 planned with it), so
-  // the plan keeps counting them until the model is shown to drop them.
-  reach.prefix = true;
+  // A frozen prefix expert keeps nothing: the joint layer cuts its rows from the graph (PaliGemmaWithExpertImpl::
+  // layer_forward; before that, action-expert-only runs allocated as if it kept its tensors, 216.7 MB measured
+  // against 164.9 planned without them, tests/integration/test_frozen_memory.cpp).
   return reach;
 }
 
