@@ -162,11 +162,12 @@ def keep(tensors, key, value):
     tensors[key + "/norm"] = np.array([np.linalg.norm(v.astype(np.float64))], np.float32)
 
 
-def build(openpi, fixture):
-    """openpi's pi0.5 at the fixture's dimensions holding its weights, in JAX on the CPU (float32, matmul precision
-    "highest"), and the fixture's files: the set-up every generator on the pi05 fixture shares (this one and
-    subtask_reference.py). Returns a namespace: the JAX and openpi modules, cfg, weights, inputs, outputs,
-    train_fixture, graphdef/params/rest (nnx.split(model, nnx.Param, ...)), b, h, cams and observation(state)."""
+def build(openpi, fixture, dtype="float32"):
+    """openpi's pi0.5 at the fixture's dimensions holding its weights, in JAX on the CPU (Pi0Config's dtype: float32,
+    or bfloat16 = float32 parameters and bf16 compute; matmul precision "highest"), and the fixture's files: the
+    set-up every generator on the pi05 fixture shares (this one and subtask_reference.py). Returns a namespace: the
+    JAX and openpi modules, cfg, weights, inputs, outputs, train_fixture, graphdef/params/rest (nnx.split(model,
+    nnx.Param, ...)), b, h, cams and observation(state)."""
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
@@ -201,7 +202,7 @@ def build(openpi, fixture):
     base_siglip = siglip.Module
     siglip.Module = lambda num_classes=None, *, variant=None, **kw: base_siglip(
         num_classes, variant="So400m/14", **{**kw, **{k: sg_cfg[k] for k in ("width", "depth", "mlp_dim", "num_heads")}})
-    config = pi0_config.Pi0Config(dtype="float32", pi05=True, action_dim=cfg["action_dim"],
+    config = pi0_config.Pi0Config(dtype=dtype, pi05=True, action_dim=cfg["action_dim"],
                                   action_horizon=cfg["action_horizon"], max_token_len=cfg["max_token_len"],
                                   paligemma_variant="dummy", action_expert_variant="fixture_expert")
     model = config.create(jax.random.key(0))
@@ -300,14 +301,93 @@ def make_prefix_forward(e):
     return forward
 
 
+def make_ki_forward(e):
+    """The KI forward over [P; F] (make_prefix_forward without a subtask block) with its total
+    CE_WEIGHT * CE + FLOW_WEIGHT * FM."""
+    prefix_forward = make_prefix_forward(e)
+
+    def ki_forward(p, obs, actions, noise, time, fast, fast_mask, stop_gradient):
+        out = prefix_forward(p, obs, actions, noise, time, fast, fast_mask, stop_gradient)
+        return {**out, "total": CE_WEIGHT * out["ce_mean"] + FLOW_WEIGHT * out["fm"]}
+
+    return ki_forward
+
+
+def train(e, ki_forward, fast_blocks):
+    """TRAIN_STEPS updates of openpi's train step on the KI total, each on the pi05 training fixture's batch of that
+    step plus fast_blocks[k]: per step loss, CE, FM, gradient norm and learning rate; the final parameters and EMA."""
+    jax, jnp, optax, optimizer = e.jax, e.jnp, e.optax, e.optimizer
+    schedule = optimizer.CosineDecaySchedule(**LR).create()
+    tx = optimizer.AdamW(**ADAMW).create(schedule)
+    opt_state = tx.init(e.params)
+    ema, p = e.params, e.params
+    step_fn = jax.jit(jax.value_and_grad(lambda p, *a: ki_forward(p, *a, True)["total"]))
+    parts_fn = jax.jit(lambda p, *a: ki_forward(p, *a, True))
+    record = {"loss": [], "ce": [], "fm": [], "grad_norm": [], "lr": []}
+    for k, (fast_k, mask_k) in enumerate(fast_blocks):
+        batch = {n: e.train_fixture[f"batch/step{k}/{n}"] for n in ("state", "actions", "noise", "time")}
+        a = jax.tree.map(jnp.asarray, (e.observation(batch["state"]), batch["actions"], batch["noise"],
+                                       batch["time"], fast_k, mask_k))
+        loss, grads = step_fn(p, *a)
+        parts = parts_fn(p, *a)
+        record["loss"].append(float(loss))
+        record["ce"].append(float(parts["ce_mean"]))
+        record["fm"].append(float(parts["fm"]))
+        record["grad_norm"].append(float(optax.global_norm(grads)))
+        record["lr"].append(float(schedule(k)))
+        updates, opt_state = tx.update(grads, opt_state, p)
+        p = optax.apply_updates(p, updates)
+        ema = jax.tree.map(lambda old, new: EMA_DECAY * old + (1 - EMA_DECAY) * new, ema, p)
+    return record, p, ema
+
+
+def bf16_deviation(args):
+    """openpi's own bf16 (Pi0Config dtype "bfloat16": float32 parameters, bf16 compute, as openpi's pi0.5 configs
+    train) over the 12 KI steps, against the float32 goldens in OUT: printed with the metrics of test_ki.cpp's A14
+    (per-step relative errors; each tensor's update and EMA, Frobenius over the kept values and the norm), so that
+    our bf16-mixed error there can be read next to openpi's. Writes nothing."""
+    e = build(args.openpi, args.fixture, dtype="bfloat16")
+    golden = read_safetensors(os.path.join(OUT, "ki.safetensors"))
+    fast_blocks = [(golden[f"train/step{k}/fast_tokens"].astype(np.int32), golden[f"train/step{k}/fast_mask"])
+                   for k in range(TRAIN_STEPS)]
+    record, p, ema = train(e, make_ki_forward(e), fast_blocks)
+    for key in ("loss", "grad_norm", "ce", "fm"):
+        ref = golden[f"train/{key}"].astype(np.float64)
+        err = np.max(np.abs(np.array(record[key]) - ref) / np.abs(ref))
+        print(f"openpi bf16 vs float32 A14 {key}: max rel {err:.2e}")
+    start = to_pytorch(flat_state(e.params), e.cfg)
+    for prefix, st in (("update", p), ("ema_update", ema)):
+        worst, worst_name = 0.0, ""
+        for name, value in to_pytorch(flat_state(st), e.cfg).items():
+            if name == "paligemma_with_expert.paligemma.lm_head.weight" or "self_attn.k_proj.bias" in name:
+                continue  # the tied table under embed_tokens; key biases: rounding noise (test_ki.cpp skips them)
+            mine = {}
+            keep(mine, "x", value.astype(np.float64) - start[name])
+            if "x" in mine:
+                err = np.linalg.norm(mine["x"] - golden[f"train/{prefix}/{name}"]) / np.linalg.norm(
+                    golden[f"train/{prefix}/{name}"])
+            else:
+                ref, ref_norm = golden[f"train/{prefix}/{name}/sample"], golden[f"train/{prefix}/{name}/norm"][0]
+                err = max(np.linalg.norm(mine["x/sample"] - ref) / np.linalg.norm(ref),
+                          abs(mine["x/norm"][0] - ref_norm) / ref_norm)
+            if err > worst:
+                worst, worst_name = err, name
+        print(f"openpi bf16 vs float32 A14 {prefix}: max rel (Frobenius) {worst:.2e} ({worst_name})")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--openpi", required=True, help="openpi's .git or bare repository")
     parser.add_argument("--fixture", required=True, help="../shared/fixtures/openpi/pi05")
+    parser.add_argument("--bf16-deviation", action="store_true",
+                        help="print openpi's own bf16 12-step errors against the float32 goldens; write nothing")
     args = parser.parse_args()
+    if args.bf16_deviation:
+        bf16_deviation(args)
+        return
     e = build(args.openpi, args.fixture)
-    jax, jnp, optax, optimizer = e.jax, e.jnp, e.optax, e.optimizer
-    cfg, inputs, outputs, train_fixture, params, b = e.cfg, e.inputs, e.outputs, e.train_fixture, e.params, e.b
+    jax, jnp, optax = e.jax, e.jnp, e.optax
+    cfg, inputs, outputs, params, b = e.cfg, e.inputs, e.outputs, e.params, e.b
     observation = e.observation
     rng = np.random.default_rng(45)
 
@@ -318,11 +398,7 @@ def main():
             mask[i, :n] = True
         return np.where(mask, tokens, 0).astype(np.int32), mask
 
-    prefix_forward = make_prefix_forward(e)
-
-    def ki_forward(p, obs, actions, noise, time, fast, fast_mask, stop_gradient):
-        out = prefix_forward(p, obs, actions, noise, time, fast, fast_mask, stop_gradient)
-        return {**out, "total": CE_WEIGHT * out["ce_mean"] + FLOW_WEIGHT * out["fm"]}
+    ki_forward = make_ki_forward(e)
 
     obs = observation(inputs["state"])
     actions, noise, time = inputs["actions"], inputs["noise"], inputs["time"]
@@ -359,30 +435,11 @@ def main():
     print("self-check: FM-only backbone and CE-only expert gradients exactly 0; all-zero:", zero, file=sys.stderr)
 
     # A14: openpi's train step on the KI total.
-    schedule = optimizer.CosineDecaySchedule(**LR).create()
-    tx = optimizer.AdamW(**ADAMW).create(schedule)
-    opt_state = tx.init(params)
-    ema, p = params, params
-    step_fn = jax.jit(jax.value_and_grad(lambda p, *a: ki_forward(p, *a, True)["total"]))
-    parts_fn = jax.jit(lambda p, *a: ki_forward(p, *a, True))
-    record = {"loss": [], "ce": [], "fm": [], "grad_norm": [], "lr": []}
-    for k in range(TRAIN_STEPS):
-        batch = {n: train_fixture[f"batch/step{k}/{n}"] for n in ("state", "actions", "noise", "time")}
-        fast_k, mask_k = fast_block()
+    fast_blocks = [fast_block() for _ in range(TRAIN_STEPS)]
+    for k, (fast_k, mask_k) in enumerate(fast_blocks):
         tensors[f"train/step{k}/fast_tokens"] = fast_k.astype(np.int64)
         tensors[f"train/step{k}/fast_mask"] = mask_k
-        a = jax.tree.map(jnp.asarray, (observation(batch["state"]), batch["actions"], batch["noise"], batch["time"],
-                                       fast_k, mask_k))
-        loss, grads = step_fn(p, *a)
-        parts = parts_fn(p, *a)
-        record["loss"].append(float(loss))
-        record["ce"].append(float(parts["ce_mean"]))
-        record["fm"].append(float(parts["fm"]))
-        record["grad_norm"].append(float(optax.global_norm(grads)))
-        record["lr"].append(float(schedule(k)))
-        updates, opt_state = tx.update(grads, opt_state, p)
-        p = optax.apply_updates(p, updates)
-        ema = jax.tree.map(lambda old, new: EMA_DECAY * old + (1 - EMA_DECAY) * new, ema, p)
+    record, p, ema = train(e, ki_forward, fast_blocks)
     for key, value in record.items():
         tensors[f"train/{key}"] = np.array(value, np.float32)
     start = to_pytorch(flat_state(params), cfg)
