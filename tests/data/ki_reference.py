@@ -38,9 +38,15 @@ Size: a tensor is kept whole only up to 256 values. Larger ones are kept as 256 
 gradients and updates of the model would be 8 MB; this keeps the goldens under 1 MB while every tensor is checked in
 norm and at values spread over all of its rows.
 
+With --bf16-deviation it writes nothing: it runs the 12 steps with openpi's own bf16 (Pi0Config dtype "bfloat16":
+float32 parameters, bf16 compute, as openpi's pi0.5 configs train) and prints their errors against the float32
+goldens with test_ki.cpp's A14 metrics, the figure next to which our bf16-mixed errors are read.
+
+build and make_prefix_forward (the set-up and the [P; T; F] training forward) are shared with subtask_reference.py.
+
 Run (from the repository root; about 5 minutes on 2 cores; the venv of tests/data/pi0_fast_model_reference.py):
     build/pi0fast_ref_venv/bin/python tests/data/ki_reference.py \\
-        --openpi <openpi .git or bare repository> --fixture ../shared/fixtures/openpi/pi05
+        --openpi <openpi .git or bare repository> --fixture ../shared/fixtures/openpi/pi05 [--bf16-deviation]
 """
 import argparse
 import json

@@ -3,7 +3,9 @@
 // the FAST cross-entropy only SigLIP, the projector, the embedding and the prefix expert; without the stop-gradient
 // flow matching reaches the backbone too), the mask invariances (A12: the FAST block cannot change the velocity; the
 // suffix sees what sampling sees), the cross-entropy against a plain full-vocabulary computation, the reduction to
-// today's pi0.5 with no FAST tokens (A13, on openpi's pi05 fixture), and gradient checkpointing.
+// today's pi0.5 with no FAST tokens (A13, on openpi's pi05 fixture), and gradient checkpointing. Then parity with
+// openpi's own JAX code composed as ours: A10, A11, A14 in float32 and bf16-mixed (tests/data/ki_reference.py), and
+// subtask prediction's CE_T, loss gradient, greedy decoding and actions after it (A15, tests/data/subtask_reference.py).
 #include <catch2/catch.hpp>
 
 #include <cstdio>
