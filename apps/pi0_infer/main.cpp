@@ -16,6 +16,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -140,6 +142,18 @@ int infer_main(int argc, char** argv) {
   const std::vector<int64_t> bha = {B, mo.action_horizon, mo.action_dim};
   const std::string bha_legend = "[B,H,A]";
 
+  const bool fast = bundle.fast_prompt != nullptr;
+  if (fast) {
+    // pi0-FAST decodes action tokens: no flow-matching loss, no noise, no Euler steps (docs/pi0_fast.md).
+    if (args.loss)
+      throw pi0::UserError("--loss: " + args.bundle + " is a pi0-FAST bundle, which has no flow-matching loss");
+    if (!args.noise.empty())
+      throw pi0::UserError("--noise: " + args.bundle + " is a pi0-FAST bundle; it decodes action tokens and draws no noise");
+    if (args.simulate_fp8)
+      throw pi0::UserError("--simulate-fp8: not available for a pi0-FAST bundle (" + args.bundle +
+                           "); it simulates FP8 in pi0 / pi0.5's sampling path");
+    if (obs_tensors.count("noise")) spdlog::warn("{}: 'noise' is not used by a pi0-FAST bundle (it decodes tokens)", args.obs);
+  }
   if (args.loss) {
     if (!args.noise.empty()) throw pi0::UserError("--noise: not used with --loss (the obs file holds 'noise')");
     auto actions = float_of_shape(obs_tensors, "actions", args.obs, bha, bha_legend);
@@ -160,7 +174,7 @@ int infer_main(int argc, char** argv) {
     if (nt.count("noise")) noise = float_of_shape(nt, "noise", args.noise, bha, bha_legend);
     else if (nt.size() == 1) noise = float_of_shape(nt, nt.begin()->first, args.noise, bha, bha_legend);
     else throw pi0::UserError(args.noise + ": no tensor 'noise', expected the initial noise " + bha_legend);
-  } else if (obs_tensors.count("noise")) {
+  } else if (obs_tensors.count("noise") && !fast) {
     noise = float_of_shape(obs_tensors, "noise", args.obs, bha, bha_legend);
   }
   auto file_tensor = [&](const std::string& key) {
@@ -210,7 +224,23 @@ int infer_main(int argc, char** argv) {
     info["rtc"] = mode;
     info["inference_delay"] = std::to_string(rtc.delay);
   }
-  if (!predicted.subtasks.empty()) {
+  std::vector<std::pair<std::string, torch::Tensor>> written = {{"actions", actions}, {"actions_unnormalized", robot}};
+  if (fast) {
+    // openpi's fallback for tokens that hold no actions is zeros (in model space): said, so a user can tell.
+    std::vector<bool> decodable = predicted.fast_decodable;
+    const auto tokens = predicted.fast_tokens.accessor<int64_t, 2>();
+    for (size_t b = 0; b < decodable.size(); ++b) {
+      int64_t before_eos = 0;
+      while (before_eos < tokens.size(1) && tokens[b][before_eos] != pi0::model::kPaligemmaEos) ++before_eos;
+      std::printf("fast[%zu]: %lld tokens before EOS, %s\n", b, static_cast<long long>(before_eos),
+                  decodable[b] ? "actions decoded" : "NO actions decoded (zeros in model space, openpi's fallback)");
+    }
+    info["fast_decodable"] = nlohmann::json(decodable).dump();
+    info["num_steps"] = "0";  // no Euler steps: the tokens were decoded
+    written.emplace_back("fast_tokens", predicted.fast_tokens);
+    std::printf("total: %.3f ms (batch %lld, %s; %lld decoding steps)\n", predicted.model_ms,
+                static_cast<long long>(B), device.str().c_str(), static_cast<long long>(predicted.fast_tokens.size(1)));
+  } else if (!predicted.subtasks.empty()) {
     // A model trained with train.subtask decoded its subtask before acting on it (docs/subtask.md).
     for (size_t b = 0; b < predicted.subtasks.size(); ++b)
       std::printf("subtask[%zu]: %s\n", b, predicted.subtasks[b].c_str());
@@ -225,7 +255,7 @@ int infer_main(int argc, char** argv) {
     std::printf("total: %.3f ms (batch %lld, %s)\n", timing.total_ms(), static_cast<long long>(B),
                 device.str().c_str());
   }
-  pi0::io::save_safetensors(args.out, {{"actions", actions}, {"actions_unnormalized", robot}}, info);
+  pi0::io::save_safetensors(args.out, written, info);
   std::printf("wrote %s (actions %s, actions_unnormalized %s)\n", args.out.c_str(), shape_str(actions.sizes()).c_str(),
               shape_str(robot.sizes()).c_str());
   return 0;

@@ -68,7 +68,8 @@ const std::vector<std::string>& reserved_metadata_keys() {
   static const std::vector<std::string> keys = {
       "server",     "model_type", "robot",     "action_horizon", "action_dim", "model_action_dim",
       "state_dim",  "image_size", "max_token_len", "num_steps", "max_batch", "adapt_to_pi",
-      "config_id",  "bundle",     "device",    "dtype",          "rtc",        "subtask"};
+      "config_id",  "bundle",     "device",    "dtype",          "rtc",        "subtask",
+      "fast"};
   return keys;
 }
 

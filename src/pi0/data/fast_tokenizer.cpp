@@ -104,6 +104,11 @@ FastTokenizer::~FastTokenizer() = default;
 FastTokenizer::FastTokenizer(FastTokenizer&&) noexcept = default;
 FastTokenizer& FastTokenizer::operator=(FastTokenizer&&) noexcept = default;
 
+const std::vector<std::string>& FastTokenizer::file_names() {
+  static const std::vector<std::string> names = {"processor_config.json", "tokenizer.json", "tokenizer_config.json"};
+  return names;
+}
+
 FastTokenizer::FastTokenizer(const std::string& dir) : dir_(dir) {
   // processor_config.json: the FAST processor's own settings.
   const std::string ppath = dir + "/processor_config.json";

@@ -38,6 +38,9 @@ class FastTokenizer {
   /// Reads `dir`/processor_config.json and `dir`/tokenizer.json (and `dir`/tokenizer_config.json when present).
   /// Throws pi0::UserError, one line naming the file and the field, for anything it does not support.
   explicit FastTokenizer(const std::string& dir);
+  /// The files a FAST tokenizer folder may hold, all that this reader reads (the first two required): what a
+  /// checkpoint and a bundle copy of it (pi0-FAST's model.fast_tokenizer).
+  static const std::vector<std::string>& file_names();
   ~FastTokenizer();
   FastTokenizer(FastTokenizer&&) noexcept;
   FastTokenizer& operator=(FastTokenizer&&) noexcept;

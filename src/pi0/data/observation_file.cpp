@@ -8,6 +8,7 @@
 #include "pi0/common/shape_str.h"
 #include "pi0/common/strings.h"
 #include "pi0/data/aloha.h"
+#include "pi0/data/fast_prompt.h"
 #include "pi0/data/tokenizer.h"
 
 namespace pi0::data {
@@ -134,7 +135,7 @@ InferenceInputs read_observation(const std::map<std::string, torch::Tensor>& ten
     if (!img.defined()) {
       if (mask.defined()) throw UserError(source + ": 'image_mask/" + cam + "' given without 'image/" + cam + "'");
       obs.images.push_back(torch::full({B, 3, S, S}, -1.0f));
-      obs.image_masks.push_back(torch::zeros({B}, torch::kBool));
+      obs.image_masks.push_back(torch::full({B}, absent_camera_seen(t.model_type), torch::kBool));
       continue;
     }
     any_image = true;
@@ -169,16 +170,26 @@ InferenceInputs read_observation(const std::map<std::string, torch::Tensor>& ten
   if (prompt) {
     if (tokens.defined())
       throw UserError(source + ": holds 'tokenized_prompt' and --prompt was given; expected one of the two");
-    PI0_CHECK(tokenizer != nullptr, "read_observation: --prompt needs a tokenizer");
+    PI0_CHECK(tokenizer != nullptr || format.fast_prompt != nullptr, "read_observation: --prompt needs a tokenizer");
     const bool discrete_state = t.model_type == "pi05" && t.discrete_state_input;
-    std::vector<torch::Tensor> tok, msk;
+    std::vector<torch::Tensor> tok, msk, ar;
     for (int64_t b = 0; b < B; ++b) {
+      if (format.fast_prompt) {
+        // pi0-FAST: "Task: ..., State: <bins of the normalized, unpadded state>;\n", as training laid it out, without
+        // the postfix (the model generates it).
+        auto ft = format.fast_prompt->tokenize(*prompt, norm_state[b], torch::Tensor(), t.max_token_len);
+        tok.push_back(ft.tokens);
+        msk.push_back(ft.mask);
+        ar.push_back(ft.ar_mask);
+        continue;
+      }
       auto tp = tokenizer->tokenize(*prompt, t.max_token_len, discrete_state ? norm_state[b] : torch::Tensor());
       tok.push_back(tp.tokens);
       msk.push_back(tp.mask);
     }
     obs.tokenized_prompt = torch::stack(tok);
     obs.tokenized_prompt_mask = torch::stack(msk);
+    if (format.fast_prompt) in.token_ar_mask = torch::stack(ar);
   } else {
     if (!tokens.defined())
       throw UserError(source + ": missing 'tokenized_prompt' [B,L] and no --prompt given; expected one of the two");
@@ -195,6 +206,8 @@ InferenceInputs read_observation(const std::map<std::string, torch::Tensor>& ten
                       "), expected ids of the bundle's tokenizer");
     obs.tokenized_prompt = tokens.to(torch::kLong).contiguous();
     obs.tokenized_prompt_mask = token_mask.to(torch::kBool).contiguous();
+    // pi0-FAST given its tokens: they are the prefix openpi's tokenizer makes (state bins included), bidirectional.
+    if (format.fast_prompt) in.token_ar_mask = torch::zeros_like(obs.tokenized_prompt_mask);
   }
   return in;
 }

@@ -18,6 +18,7 @@
 
 namespace pi0::data {
 
+class FastPromptTokenizer;
 class Tokenizer;
 
 /// What the model expects of an observation (from an inference bundle: infer::make_inputs).
@@ -26,12 +27,18 @@ struct ObservationFormat {
   const NormStats* norm_stats = nullptr;  ///< must hold "state" unless transform.norm_mode() is kNone
   bool adapt_to_pi = false;               ///< state arrives in ALOHA's convention (data.dataset.adapt_to_pi)
   int64_t vocab_size = 0;                 ///< token ids must lie in [0, vocab_size)
+  /// pi0-FAST (model_type pi0_fast): a prompt is laid out by it (prompt and state bins, the prefix only) instead of
+  /// the plain tokenizer.
+  const FastPromptTokenizer* fast_prompt = nullptr;
 };
 
 /// Model inputs built from an observation's tensors, plus the raw state kept for unnormalizing.
 struct InferenceInputs {
   model::Observation observation;  ///< on CPU
   torch::Tensor raw_state;         ///< [B,S] float32, as given (in pi0's convention when the bundle uses adapt_to_pi)
+  /// pi0-FAST only: the ar mask of observation.tokenized_prompt [B,L] bool (all false: the prefix is bidirectional);
+  /// undefined otherwise.
+  torch::Tensor token_ar_mask;
 };
 
 /// Every key an observation may hold: state, image/<camera>, image_mask/<camera>, tokenized_prompt,

@@ -428,7 +428,7 @@ ProcessedSample SampleTransform::operator()(const RawSample& raw, std::optional<
     if (!raw.image_masks[slot] || !raw.images[slot].defined()) {
       // Absent camera: a zero uint8 image, i.e. -1 after scaling (openpi's LiberoInputs uses np.zeros_like).
       out.images.push_back(torch::full({3, S, S}, -1.0f));
-      out.image_masks.push_back(false);
+      out.image_masks.push_back(absent_camera_seen(options_.model_type));
       continue;
     }
     torch::Tensor img = image_to_float(resize_with_pad(raw.images[slot], S));

@@ -90,6 +90,12 @@ void augment_image(torch::Tensor& chw, bool wrist, Rng& rng, const AugmentOption
 
 // ---- the whole per-sample pipeline ----
 
+/// Whether a camera the data lacks enters the model as a seen black image (mask true) rather than a masked one.
+/// pi0-FAST only, as openpi's LIBERO and DROID input transforms set it for that model type: its training positions
+/// count every image token (arange) but sampling's count the unmasked ones (cumsum), so a masked camera would shift
+/// every text position between training and sampling.
+inline bool absent_camera_seen(const std::string& model_type) { return model_type == "pi0_fast"; }
+
 struct TransformOptions {
   std::string model_type = "pi0";  ///< "pi0", "pi05" or "pi0_fast"
   int64_t action_dim = 32;         ///< D: state and actions are zero-padded to this

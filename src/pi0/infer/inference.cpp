@@ -8,6 +8,7 @@
 #include "pi0/common/check.h"
 #include "pi0/common/shape_str.h"
 #include "pi0/data/aloha.h"
+#include "pi0/data/fast_prompt.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/data/transforms.h"
 
@@ -21,6 +22,7 @@ InferenceInputs make_inputs(const io::Bundle& bundle, const std::map<std::string
   format.norm_stats = &bundle.norm_stats;
   format.adapt_to_pi = bundle.config.data.dataset.adapt_to_pi_enabled();
   format.vocab_size = bundle.config.model.vocab_size;
+  format.fast_prompt = bundle.fast_prompt.get();
   try {
     return data::read_observation(tensors, format, source, prompt, tokenizer);
   } catch (const UserError& e) {
@@ -192,7 +194,9 @@ model::RtcRequest rtc_request(const io::Bundle& bundle, const RtcSettings& setti
 nlohmann::json rtc_metadata(const io::Bundle& bundle, const RtcSettings& settings) {
   const int64_t trained = trained_max_delay(bundle);
   nlohmann::json modes = nlohmann::json::array();
-  if (settings.mode != "off") {
+  // pi0-FAST and subtask models refuse a previous chunk (predict): nothing to offer, so clients chunk plainly.
+  const bool chunks = !bundle.fast_prompt && !bundle.subtask_tokenizer;
+  if (settings.mode != "off" && chunks) {
     if (settings.mode != "trained") modes.push_back("guided");
     if (trained > 0 && settings.mode != "guided") modes.push_back("trained");
   }
@@ -204,6 +208,31 @@ nlohmann::json rtc_metadata(const io::Bundle& bundle, const RtcSettings& setting
             {"schedule", model::to_string(settings.guidance.schedule)},
             {"max_guidance_weight", settings.guidance.max_weight}}},
           {"keys", data::previous_chunk_keys()}};
+}
+
+FastActions fast_actions(const io::Bundle& bundle, const torch::Tensor& tokens) {
+  PI0_CHECK(bundle.fast_prompt != nullptr, "fast_actions needs a pi0-FAST bundle");
+  PI0_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kInt64, "fast_actions: tokens must be [B,N] int64");
+  const auto cpu = tokens.to(torch::kCPU).contiguous();
+  const int64_t B = cpu.size(0), N = cpu.size(1), H = bundle.config.model.action_horizon, D = bundle.fast_action_dim;
+  const int64_t spm_vocab = bundle.fast_prompt->spm().vocab_size();
+  FastActions out;
+  out.actions = torch::zeros({B, H, D}, torch::kFloat64);
+  for (int64_t b = 0; b < B; ++b) {
+    // Ids past the SentencePiece vocabulary (a model.vocab_size larger than its tokenizer's, which openpi's
+    // PaliGemma never has) have no text: left out of the round trip, as if never generated.
+    const int64_t* row = cpu.data_ptr<int64_t>() + b * N;
+    std::vector<int64_t> ids;
+    for (int64_t i = 0; i < N; ++i)
+      if (row[i] >= 0 && row[i] < spm_vocab) ids.push_back(row[i]);
+    const auto extracted = bundle.fast_prompt->extract_actions(ids, H, D);
+    const bool ok = extracted.found_marker && extracted.decoded.decodable;
+    out.decodable.push_back(ok);
+    if (ok)
+      std::copy(extracted.decoded.actions.begin(), extracted.decoded.actions.end(), out.actions[b].data_ptr<double>());
+  }
+  out.actions = out.actions.to(torch::kFloat32);
+  return out;
 }
 
 torch::Device model_device(const io::Bundle& bundle) {
@@ -224,7 +253,21 @@ Prediction predict(io::Bundle& bundle, const InferenceInputs& inputs, const std:
     rtc_on_device = *rtc;
     rtc_on_device->prev = rtc->prev.to(device);
   }
-  if (bundle.subtask_tokenizer) {
+  if (bundle.fast_prompt) {
+    // openpi's pi0-FAST: the action tokens as text after the prompt, then the actions decoded from them.
+    if (rtc_on_device)
+      throw UserError("real-time chunking: not available for a pi0-FAST model (it decodes action tokens); send no "
+                      "prev_action_chunk, or use --rtc off");
+    PI0_CHECK(inputs.token_ar_mask.defined(), "a pi0-FAST bundle's inputs need token_ar_mask (infer::make_inputs)");
+    const auto& mc = bundle.config.model;
+    const auto decoded = bundle.model->sample_fast_tokens(inputs.observation.to(device),
+                                                          inputs.token_ar_mask.to(device), mc.max_decoding_steps,
+                                                          mc.temperature);
+    out.fast_tokens = decoded.tokens.to(torch::kCPU).contiguous();
+    auto extracted = fast_actions(bundle, out.fast_tokens);
+    out.actions = std::move(extracted.actions);
+    out.fast_decodable = std::move(extracted.decodable);
+  } else if (bundle.subtask_tokenizer) {
     // The pi0.5 paper's inference: the subtask as text first, then the actions conditioned on it.
     if (rtc_on_device)
       throw UserError("real-time chunking: not available for a model trained with train.subtask (it decodes its "

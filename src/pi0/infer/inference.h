@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -99,7 +100,21 @@ struct Prediction {
   /// EOS) and the block's ids [B,T] (cue included, 0 after the end); empty / undefined otherwise.
   std::vector<std::string> subtasks;
   torch::Tensor subtask_tokens;
+  /// A pi0-FAST bundle: the generated tokens [B,steps] int64 (0 after the all-rows EOS stop) and, per example,
+  /// whether they held actions: the "Action: " marker and a FAST sequence of H·D coefficients. A row without them
+  /// gets zero actions in model space (openpi's fallback, unnormalized like any other), so a robot can tell.
+  torch::Tensor fast_tokens;
+  std::vector<bool> fast_decodable;
 };
+
+/// A pi0-FAST bundle's generated tokens [B,N] int64 (any device) → model-space actions [B,H,D] float32 on the CPU
+/// (D = Bundle::fast_action_dim) by openpi's text round trip (data::FastPromptTokenizer::extract_actions), and per
+/// row whether they held actions ("Action: " and H·D coefficients; zeros otherwise, openpi's fallback).
+struct FastActions {
+  torch::Tensor actions;
+  std::vector<bool> decodable;
+};
+FastActions fast_actions(const io::Bundle& bundle, const torch::Tensor& tokens);
 
 /// The device the bundle's model is on (io::load_bundle's `device`).
 torch::Device model_device(const io::Bundle& bundle);
@@ -111,6 +126,9 @@ torch::Device model_device(const io::Bundle& bundle);
 /// `rtc` (rtc_request's, with the same batch as `inputs`): real-time chunking; null or inactive: plain sampling.
 /// A bundle trained with train.subtask first decodes the subtask greedily (its config's cue and max_tokens, EOS ends
 /// it), then samples after it (Pi0Impl::sample_actions_after_subtask; no timing, no real-time chunking).
+/// A pi0-FAST bundle decodes tokens instead (Pi0Impl::sample_fast_tokens: its config's max_decoding_steps and
+/// temperature; `noise`, `num_steps`, `timing` and `rtc` take no part) and extracts each row's actions [H,D] by
+/// openpi's text round trip (data::FastPromptTokenizer::extract_actions).
 Prediction predict(io::Bundle& bundle, const InferenceInputs& inputs, const std::optional<torch::Tensor>& noise,
                    int64_t num_steps, model::SampleTiming* timing = nullptr, const model::RtcRequest* rtc = nullptr);
 

@@ -14,6 +14,8 @@
 #include "pi0/common/fs.h"
 #include "pi0/common/strings.h"
 #include "pi0/data/config_options.h"
+#include "pi0/data/fast_prompt.h"
+#include "pi0/data/fast_tokenizer.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/io/checkpoint_dir.h"
 #include "pi0/io/checkpoint_files.h"
@@ -137,6 +139,7 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
   std::string asset_id, base_path;
   std::vector<std::string> asset_ids;  // every dataset's, the first one the bundle's default
   std::optional<BaseWeightsRef> base_ref;
+  std::string fast_tokenizer;  // pi0-FAST: the folder the bundle copies
   reading_checkpoint([&] {
     if (!fs::is_directory(ckpt)) throw UserError(checkpoint_dir + ": no such checkpoint directory");
     if (!fs::exists(ckpt / kCompleteMarker)) {
@@ -174,6 +177,20 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     }
     base_ref = read_base_ref(checkpoint_dir);
     base_path = options.base_weights.empty() && base_ref ? base_ref->path : options.base_weights;
+    if (cfg.model.type == "pi0_fast") {
+      // pi0-FAST decodes its actions through the FAST tokenizer: the bundle carries the checkpoint's copy (a
+      // checkpoint written before pi0-train copied it falls back to model.fast_tokenizer's folder, if still there).
+      fast_tokenizer = (ckpt / kFastTokenizerDir).string();
+      if (!fs::exists(fast_tokenizer)) {
+        if (!fs::exists(fs::path(cfg.model.fast_tokenizer) / "tokenizer.json"))
+          throw UserError(fast_tokenizer + ": missing from this pi0-FAST checkpoint, and its model.fast_tokenizer '" +
+                          cfg.model.fast_tokenizer + "' is gone too; expected the FAST tokenizer folder it trained with");
+        spdlog::warn("{}: no {} (a checkpoint from before pi0-train copied it); the bundle takes model.fast_tokenizer "
+                     "'{}'", checkpoint_dir, kFastTokenizerDir, cfg.model.fast_tokenizer);
+        fast_tokenizer = cfg.model.fast_tokenizer;
+      }
+      data::FastTokenizer check(fast_tokenizer);  // a bundle that could not load is not written
+    }
   });
   if (base_ref && !fs::exists(base_path)) {
     throw UserError((ckpt / kBaseRefFile).string() + ": the base weights '" + base_path + "' this checkpoint builds " +
@@ -261,6 +278,7 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
   bundle_cfg.model.action_expert_variant = strip_lora(cfg.model.action_expert_variant);
   bundle_cfg.data.norm_stats = std::string(kAssetsDir) + "/" + asset_id + "/" + kNormStatsFile;
   bundle_cfg.data.tokenizer = kTokenizerFile;
+  if (!fast_tokenizer.empty()) bundle_cfg.model.fast_tokenizer = kFastTokenizerDir;
   bundle_cfg.checkpoint.asset_id = asset_id;
   for (size_t i = 0; i < bundle_cfg.data.datasets.size(); ++i) {
     auto& entry = bundle_cfg.data.datasets[i];
@@ -299,6 +317,7 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
                          {"action_expert_variant", spec_json(bundle_cfg.model.action_expert_variant)},
                          {"precision", options.dtype == torch::kBFloat16 ? "bfloat16" : "float32"},
                          {"pi05", o.pi05},
+                         {"model_type", cfg.model.type},
                          // the default robot profile's (the first dataset's; --asset picks another)
                          {"adapt_to_pi", config::for_dataset(bundle_cfg, 0).data.dataset.adapt_to_pi_enabled()},
                          {"max_token_len", o.max_token_len},
@@ -313,6 +332,8 @@ ExportReport export_bundle(const std::string& checkpoint_dir, const std::string&
     for (const auto& id : asset_ids)
       fs::copy_file(ckpt / kAssetsDir / id / kNormStatsFile, tmp / kAssetsDir / id / kNormStatsFile);
     fs::copy_file(ckpt / kTokenizerFile, tmp / kTokenizerFile);
+    if (!fast_tokenizer.empty())
+      copy_fast_tokenizer(fast_tokenizer, (tmp / kFastTokenizerDir).string(), checkpoint_dir);
     write_manifest(tmp.string(), std::nullopt, {{kModelFile, model_digest}});  // pi0-infer verifies against it
     install_dir(tmp, out);
   } catch (const UserError& e) {
@@ -377,12 +398,6 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
   {
     // The robot profile: one dataset's stats and data settings (a mixture's first unless --asset names another).
     const auto cfg = config::load_config((d / kConfigYaml).string());
-    // pi0-FAST is exported in openpi's layout, but its decoding and action extraction are not in the inference path
-    // yet (docs/pi0_fast.md): refused here, before a model is built, rather than failing at the first request.
-    if (cfg.model.type == "pi0_fast") {
-      throw UserError(dir + ": a pi0-FAST bundle (model.type pi0_fast); pi0-infer and pi0-serve do not sample "
-                      "pi0-FAST yet (docs/pi0_fast.md)");
-    }
     const auto entries = config::dataset_entries(cfg);
     size_t chosen = 0;
     std::string ids;
@@ -418,6 +433,22 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
   }
   b.tokenizer_path = (d / kTokenizerFile).string();
   if (b.config.train.subtask.enabled) b.subtask_tokenizer = std::make_shared<const data::Tokenizer>(b.tokenizer_path);
+  if (b.config.model.type == "pi0_fast") {
+    // The prompt layout (state bins) and the action extraction of openpi's pi0-FAST, over the bundle's own copies.
+    const fs::path folder = d / b.config.model.fast_tokenizer;
+    std::shared_ptr<const data::FastTokenizer> fast;
+    try {
+      fast = std::make_shared<const data::FastTokenizer>(folder.string());
+    } catch (const UserError& e) {
+      throw UserError(std::string(e.what()) + " (the FAST tokenizer of pi0-FAST bundle " + dir + ")");
+    }
+    b.fast_prompt = std::make_shared<const data::FastPromptTokenizer>(
+        std::make_shared<const data::Tokenizer>(b.tokenizer_path), std::move(fast));
+    // FAST chunks hold the robot's own action dims (the training transform encodes them unpadded): the norm stats'.
+    b.fast_action_dim = b.transform.norm_mode() != data::NormMode::kNone && b.norm_stats.keys.count("actions")
+                            ? static_cast<int64_t>(b.norm_stats.at("actions").mean.size())
+                            : b.config.model.action_dim;
+  }
   {
     // Uninitialized, on the device, in the bundle's dtype: the weights are read straight into their final place.
     nn::ParamDeviceScope on_device(device);

@@ -17,6 +17,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/config/config.h"
+#include "pi0/data/fast_prompt.h"
 #include "pi0/data/norm_stats.h"
 #include "pi0/data/transforms.h"
 #include "pi0/model/pi0.h"
@@ -81,6 +82,10 @@ struct Bundle {
   /// A model trained with train.subtask: the tokenizer that encodes its subtask cue and decodes the subtask it
   /// predicts (infer::predict); null otherwise.
   std::shared_ptr<const data::Tokenizer> subtask_tokenizer;
+  /// pi0-FAST (model.type pi0_fast): openpi's prompt layout and action extraction over the bundle's SentencePiece
+  /// model and its fast_tokenizer/ folder; null otherwise.
+  std::shared_ptr<const data::FastPromptTokenizer> fast_prompt;
+  int64_t fast_action_dim = 0;  ///< pi0-FAST: D of its FAST chunks (the norm stats' action dims); 0 otherwise
   data::TransformOptions transform;  ///< resolved training transform options (norm mode, dims, prompt format)
   torch::ScalarType dtype = torch::kFloat32;  ///< parameter and compute dtype of the model
 };

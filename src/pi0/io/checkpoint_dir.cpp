@@ -15,6 +15,7 @@
 #include "pi0/common/files.h"
 #include "pi0/common/fs.h"
 #include "pi0/common/log_line.h"
+#include "pi0/data/fast_tokenizer.h"
 
 namespace fs = pi0::posix_fs;
 
@@ -241,6 +242,20 @@ std::vector<std::string> remove_stale_temp_checkpoints(const std::string& run_di
   }
   for (const auto& name : removed) fs::remove_all(dir / name, ec);
   return removed;
+}
+
+void copy_fast_tokenizer(const std::string& from, const std::string& to, const std::string& what) {
+  create_directories_or_throw(to, what);
+  const auto& names = data::FastTokenizer::file_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    const fs::path src = fs::path(from) / names[i];
+    if (!fs::exists(src)) {
+      if (i < 2)  // processor_config.json and tokenizer.json are required, tokenizer_config.json is not
+        throw UserError(what + ": " + src.string() + " is missing, expected a FAST tokenizer folder (docs/fast.md)");
+      continue;
+    }
+    fs::copy_file(src, fs::path(to) / names[i], fs::copy_options::overwrite_existing);
+  }
 }
 
 }  // namespace pi0::io

@@ -79,4 +79,8 @@ void set_deletion_fault_hook(DeletionFaultHook hook);
 /// Removes .tmp_* directories left by crashed writers (any pid other than this process). Returns their names.
 std::vector<std::string> remove_stale_temp_checkpoints(const std::string& run_dir);
 
+/// Copies the FAST tokenizer folder `from` (the files of data::FastTokenizer::file_names() it holds) into `to`,
+/// created if absent. UserError naming `what` (the config key or the checkpoint) when a required file is missing.
+void copy_fast_tokenizer(const std::string& from, const std::string& to, const std::string& what);
+
 }  // namespace pi0::io

@@ -16,6 +16,9 @@ inline constexpr const char* kTrainerStateFile = "trainer_state.json";  ///< ste
 inline constexpr const char* kConfigYamlFile = "config.yaml";         ///< the resolved config of the run
 inline constexpr const char* kConfigJsonFile = "config.json";         ///< openpi's model config (bundles only)
 inline constexpr const char* kTokenizerFile = "tokenizer.model";      ///< copy of data.tokenizer
+/// pi0-FAST only: a copy of model.fast_tokenizer's folder (data::FastTokenizer::file_names()), so that a checkpoint
+/// exports and a bundle samples without the original folder.
+inline constexpr const char* kFastTokenizerDir = "fast_tokenizer";
 inline constexpr const char* kAssetsDir = "assets";                   ///< assets/<asset_id>/norm_stats.json
 inline constexpr const char* kNormStatsFile = "norm_stats.json";
 inline constexpr const char* kBaseRefFile = "base_weights.json";  ///< small checkpoints: the frozen base referenced

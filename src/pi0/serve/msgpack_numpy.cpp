@@ -463,7 +463,7 @@ std::string encode_json(const nlohmann::json& value) {
 std::string encode_response(const Response& r) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_map(3 + (r.rtc.is_null() ? 0 : 1) + (r.subtask.is_null() ? 0 : 1));
+  pk.pack_map(3 + (r.rtc.is_null() ? 0 : 1) + (r.subtask.is_null() ? 0 : 1) + (r.fast_decodable.is_null() ? 0 : 1));
   pk.pack(std::string("actions"));
   pack_tensor(pk, r.actions.to(torch::kFloat32));
   pk.pack(std::string("policy_timing"));
@@ -485,6 +485,10 @@ std::string encode_response(const Response& r) {
   if (!r.subtask.is_null()) {
     pk.pack(std::string("subtask"));
     pack_json(pk, r.subtask);
+  }
+  if (!r.fast_decodable.is_null()) {
+    pk.pack(std::string("fast_decodable"));
+    pack_json(pk, r.fast_decodable);
   }
   return std::string(buf.data(), buf.size());
 }

@@ -61,6 +61,9 @@ struct Response {
   /// A model trained with train.subtask: the decoded subtask (string, or list for a batched request); null: not sent.
   /// openpi's clients read the keys they know, so the extra key leaves them working.
   nlohmann::json subtask;
+  /// A pi0-FAST model: whether its tokens held actions (bool, or list for a batched request; false: the actions are
+  /// openpi's zeros fallback); null: not sent.
+  nlohmann::json fast_decodable;
 };
 std::string encode_response(const Response& response);
 

@@ -73,6 +73,8 @@ Policy::Policy(io::Bundle bundle, PolicyOptions options)
   if (!(std::isfinite(beta) && beta > 0))
     throw UserError("--rtc-max-weight: got " + c10::str(beta) + ", expected a number > 0");
   const auto& mo = bundle_.model->options();
+  if (options_.noise.defined() && bundle_.fast_prompt)
+    throw UserError("--noise: a pi0-FAST bundle decodes action tokens and draws no noise; leave --noise out");
   if (options_.noise.defined()) {
     auto n = options_.noise.to(torch::kFloat32);
     if (n.dim() == 2) n = n.unsqueeze(0);
@@ -115,6 +117,11 @@ Policy::Policy(io::Bundle bundle, PolicyOptions options)
   // Announced only by a subtask model, so other bundles' metadata stays as it was.
   if (bundle_.subtask_tokenizer)
     metadata_["subtask"] = {{"cue", cfg.train.subtask.cue}, {"max_tokens", cfg.train.subtask.max_tokens}};
+  // pi0-FAST's decoding (num_steps takes no part there); replies then carry fast_decodable.
+  if (bundle_.fast_prompt)
+    metadata_["fast"] = {{"max_decoding_steps", cfg.model.max_decoding_steps},
+                         {"temperature", cfg.model.temperature},
+                         {"action_dim", bundle_.fast_action_dim}};
   for (auto it = metadata_.begin(); it != metadata_.end(); ++it) {
     const auto& reserved = config::reserved_metadata_keys();
     PI0_CHECK(std::find(reserved.begin(), reserved.end(), it.key()) != reserved.end(), "metadata key '", it.key(),
@@ -216,8 +223,9 @@ void Policy::run_batch(std::vector<std::unique_ptr<Pending>>& batch) {
       obs.images.push_back(torch::cat(imgs));
       obs.image_masks.push_back(torch::cat(masks));
     }
-    std::vector<torch::Tensor> state, tokens, token_mask, raw_state;
+    std::vector<torch::Tensor> state, tokens, token_mask, raw_state, ar_mask;
     for (auto& p : batch) {
+      if (p->inputs.token_ar_mask.defined()) ar_mask.push_back(p->inputs.token_ar_mask);
       state.push_back(p->inputs.observation.state);
       tokens.push_back(p->inputs.observation.tokenized_prompt);
       token_mask.push_back(p->inputs.observation.tokenized_prompt_mask);
@@ -227,6 +235,7 @@ void Policy::run_batch(std::vector<std::unique_ptr<Pending>>& batch) {
     obs.tokenized_prompt = torch::cat(tokens);
     obs.tokenized_prompt_mask = torch::cat(token_mask);
     inputs.raw_state = torch::cat(raw_state);
+    if (!ar_mask.empty()) inputs.token_ar_mask = torch::cat(ar_mask);
     const int64_t rows = obs.batch_size();
     if (rows > largest_batch_) largest_batch_ = rows;
     std::optional<torch::Tensor> noise;
@@ -250,6 +259,10 @@ void Policy::run_batch(std::vector<std::unique_ptr<Pending>>& batch) {
       if (!predicted.subtasks.empty()) {
         const auto first = predicted.subtasks.begin() + row;
         r.subtask = p->batched ? nlohmann::json(std::vector<std::string>(first, first + b)) : nlohmann::json(*first);
+      }
+      if (!predicted.fast_decodable.empty()) {
+        const auto first = predicted.fast_decodable.begin() + row;
+        r.fast_decodable = p->batched ? nlohmann::json(std::vector<bool>(first, first + b)) : nlohmann::json(*first);
       }
       row += b;
       results.push_back(std::move(r));

@@ -56,6 +56,9 @@ struct PolicyResult {
   /// A model trained with train.subtask: the subtask it decoded (a string; a list of them for batched requests);
   /// null otherwise.
   nlohmann::json subtask;
+  /// A pi0-FAST model: whether its tokens held actions (infer::Prediction::fast_decodable; a list for batched
+  /// requests); null otherwise.
+  nlohmann::json fast_decodable;
 };
 
 class Policy {

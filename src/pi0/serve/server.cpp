@@ -258,6 +258,7 @@ class Session : public std::enable_shared_from_this<Session> {
     resp.prev_total_ms = prev_total_ms_;
     resp.rtc = std::move(r.rtc);
     resp.subtask = std::move(r.subtask);
+    resp.fast_decodable = std::move(r.fast_decodable);
     out_ = encode_response(resp);
     busy_ = true;
     ws_.binary(true);

@@ -585,6 +585,10 @@ void Checkpointer::save_config_and_assets(const fs::path& tmp) const {
     fs::copy_file(entry.norm_stats, assets / io::kNormStatsFile, fs::copy_options::overwrite_existing);
   }
   fs::copy_file(cfg_.data.tokenizer, tmp / io::kTokenizerFile, fs::copy_options::overwrite_existing);
+  // pi0-FAST samples through its FAST tokenizer: the checkpoint carries it, as it carries the SentencePiece model,
+  // so pi0-export needs nothing outside it.
+  if (cfg_.model.type == "pi0_fast")
+    io::copy_fast_tokenizer(cfg_.model.fast_tokenizer, (tmp / io::kFastTokenizerDir).string(), "model.fast_tokenizer");
 }
 
 // ---- Restore: the mirror of save ----
