@@ -4,6 +4,7 @@
 // ce_subtask falls.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -151,7 +152,7 @@ TEST_CASE("train.subtask: resume is bit-exact with insulation and subtasks on an
   for (const auto& [k, v] : wa) CHECK(torch::equal(v, wb.at(k)));
 }
 
-TEST_CASE("train.subtask smoke: the tiny pi0.5 learns the subtask and ce_subtask falls",
+TEST_CASE("train.subtask smoke: the tiny pi0.5 learns the subtask and ce_subtask falls on held-out episodes too",
           "[integration][train][subtask][slow]") {
   TinyRun run;
   const int threads_before = pi0::thread_counts().aten;
@@ -159,7 +160,8 @@ TEST_CASE("train.subtask smoke: the tiny pi0.5 learns the subtask and ce_subtask
   train::Trainer t(run.config("smoke", subtask_on({"model.image_size=28", "model.max_token_len=48",
                                                    "train.num_steps=100", "train.batch_size=16",
                                                    "train.log_interval=10", "train.metrics_interval=0",
-                                                   "checkpoint.save_interval=1000"})));
+                                                   "checkpoint.save_interval=1000", "data.validation_split=0.2",
+                                                   "train.val_interval=50", "train.val_samples=16"})));
   t.run();
   pi0::set_num_threads(threads_before);
   const auto ce = metrics_column(run.dir.str("smoke"), "ce_subtask"),
@@ -170,6 +172,20 @@ TEST_CASE("train.subtask smoke: the tiny pi0.5 learns the subtask and ce_subtask
               ce.back(), acc.front(), acc.back(), loss.front(), loss.back());
   CHECK(ce.back() * 4 < ce.front());
   CHECK(acc.back() > 0.8);
+  // Validation reads the block as training does (val_loss: the flow loss after the recorded subtask; its
+  // cross-entropy and accuracy) and samples after the model's own decoded subtask (val_action_mse), at steps 50 and
+  // 100 on the held-out episode.
+  const auto val_ce = metrics_column(run.dir.str("smoke"), "val_ce_subtask"),
+             val_acc = metrics_column(run.dir.str("smoke"), "val_subtask_acc"),
+             val_mse = metrics_column(run.dir.str("smoke"), "val_action_mse");
+  REQUIRE(val_ce.size() == 2);
+  REQUIRE(val_acc.size() == 2);
+  REQUIRE(val_mse.size() == 2);
+  std::printf("subtask smoke, held out: val_ce_subtask %.3f -> %.3f, val_subtask_acc %.3f -> %.3f\n", val_ce.front(),
+              val_ce.back(), val_acc.front(), val_acc.back());
+  CHECK(val_ce.back() * 4 < ce.front());  // far below the untrained model's cross-entropy
+  CHECK(val_acc.back() > 0.5);
+  CHECK(std::isfinite(val_mse.back()));
 }
 
 TEST_CASE("train.subtask: a LeRobot per-frame integer column indexes meta/tasks, other columns are refused",

@@ -190,10 +190,17 @@ void MetricsProcessor::log(int64_t step, double loss, double grad_norm, double l
 }
 
 void MetricsProcessor::log_validation(int64_t step, double val_loss, double val_action_mse, int64_t samples,
-                                      double seconds, const std::vector<DatasetValidation>& datasets) {
+                                      double seconds, const std::vector<DatasetValidation>& datasets,
+                                      std::optional<double> val_subtask_ce, std::optional<double> val_subtask_acc) {
   last_val_loss_ = val_loss;
   if (rank_ != 0) return;
   std::map<std::string, double> record = {{"val_loss", val_loss}, {"val_action_mse", val_action_mse}};
+  std::string subtask;
+  if (val_subtask_ce && val_subtask_acc) {
+    record["val_ce_subtask"] = *val_subtask_ce;
+    record["val_subtask_acc"] = *val_subtask_acc;
+    subtask = fmt::format(" | val_ce_subtask {:.4f} (val_subtask_acc {:.3f})", *val_subtask_ce, *val_subtask_acc);
+  }
   // A single dataset's values are the aggregate: only a mixture gets per-dataset keys.
   const bool per_dataset = datasets.size() > 1;
   for (const auto& d : datasets) {
@@ -202,8 +209,8 @@ void MetricsProcessor::log_validation(int64_t step, double val_loss, double val_
     record[dataset_key("val_action_mse", d.name)] = d.action_mse;
   }
   writer_->write(step, record);
-  spdlog::info("step {}/{} | val_loss {:.4f} | val_action_mse {:.4f} | {} held-out samples in {:.1f} s", step,
-               num_steps_, val_loss, val_action_mse, samples, seconds);
+  spdlog::info("step {}/{} | val_loss {:.4f} | val_action_mse {:.4f}{} | {} held-out samples in {:.1f} s", step,
+               num_steps_, val_loss, val_action_mse, subtask, samples, seconds);
   for (const auto& d : datasets) {
     if (!per_dataset) break;
     if (d.samples == 0) {

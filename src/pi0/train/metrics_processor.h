@@ -71,8 +71,11 @@ class MetricsProcessor {
   /// "val_action_mse"} to metrics.jsonl and a line to the log; later progress lines show the latest val_loss. With
   /// more than one dataset, each one's values too: "val_loss/<asset id>" and "val_action_mse/<asset id>" in the same
   /// record (left out for a dataset with no held-out samples) and one log line per dataset.
+  /// train.subtask: also val_ce_subtask and val_subtask_acc (ValidationResult's).
   void log_validation(int64_t step, double val_loss, double val_action_mse, int64_t samples, double seconds,
-                      const std::vector<DatasetValidation>& datasets = {});
+                      const std::vector<DatasetValidation>& datasets = {},
+                      std::optional<double> val_subtask_ce = std::nullopt,
+                      std::optional<double> val_subtask_acc = std::nullopt);
 
   /// The metrics.jsonl key of dataset `name`'s value of `metric`: "val_loss/libero". TensorBoard groups keys by the
   /// part before the '/', so the datasets' curves sit together under val_loss.

@@ -20,6 +20,7 @@
 #include "pi0/common/interrupt.h"
 #include "pi0/common/profiler.h"
 #include "pi0/common/strings.h"
+#include "pi0/data/tokenizer.h"
 #include "pi0/distributed/consistency.h"
 #include "pi0/io/checkpoint_dir.h"
 #include "pi0/io/model_weights.h"
@@ -342,7 +343,8 @@ int64_t Trainer::run() {
       const auto v = validate();
       last_val_.emplace(step_, v->loss);
       metrics_->log_validation(step_, v->loss, v->action_mse, v->samples,
-                               std::chrono::duration<double>(Clock::now() - t0).count(), v->datasets);
+                               std::chrono::duration<double>(Clock::now() - t0).count(), v->datasets, v->subtask_ce,
+                               v->subtask_acc);
     }
     if (save) {
       ProfileScope saving(phase::kCheckpoint);
@@ -693,10 +695,21 @@ std::optional<ValidationResult> Trainer::validate() {
   const auto lm = config::loss_mask(cfg_.train);
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
   const int64_t h = cfg_.model.action_horizon, d = cfg_.model.action_dim;
-  // Per dataset (source): loss numerator and count, action error numerator and count (float64, all-reduced once);
-  // the pass's values are the column sums' ratios, each dataset's its own row's.
+  // Per dataset (source): loss numerator and count, action error numerator and count, and with train.subtask the
+  // subtask cross-entropy summed over samples, its correct targets and its targets (float64, all-reduced once); the
+  // pass's values are the column sums' ratios, each dataset's its own row's.
   const auto num_sources = static_cast<int64_t>(data_.sources.size());
-  auto sums = torch::zeros({num_sources, 4}, torch::kFloat64);
+  auto sums = torch::zeros({num_sources, 7}, torch::kFloat64);
+  // A subtask model acts after its subtask block, as trained (teacher-forced: the flow loss and the block's
+  // cross-entropy) and as pi0-infer runs it (its own greedy decoding first: the sampled actions' error).
+  const auto& st = cfg_.train.subtask;
+  std::vector<int64_t> cue;
+  int64_t eos = 0;
+  if (st.enabled) {
+    const data::Tokenizer tokenizer(cfg_.data.tokenizer);
+    for (const int id : tokenizer.encode(st.cue)) cue.push_back(id);
+    eos = tokenizer.eos_id();
+  }
   auto counts = torch::zeros({num_sources}, torch::kFloat64);
   std::vector<int64_t> mine;  // this rank's share: every world_size-th sample
   for (int64_t i = options_.rank; i < static_cast<int64_t>(samples.size()); i += options_.world_size) mine.push_back(i);
@@ -718,19 +731,35 @@ std::optional<ValidationResult> Trainer::validate() {
     const auto obs = batch.observation.to(device_);
     const auto actions = batch.actions.to(device_);
     const auto noise_b = torch::stack(noise).to(device_);
-    const auto elementwise = model_->compute_loss(obs, actions, noise_b, torch::cat(time).to(device_));
+    torch::Tensor elementwise, sampled, subtask_parts;
+    if (st.enabled) {
+      model::Pi0Impl::PrefixBlocks blocks;
+      blocks.subtask_tokens = batch.subtask_tokens.to(device_);
+      blocks.subtask_mask = batch.subtask_mask.to(device_);
+      blocks.subtask_targets = batch.subtask_targets.to(device_);
+      const auto l = model_->compute_prefix_loss(obs, actions, blocks, /*stop_gradient=*/true, noise_b,
+                                                 torch::cat(time).to(device_));
+      elementwise = l.flow;
+      subtask_parts = torch::stack({l.subtask_ce, l.subtask_correct, l.subtask_targets}, 1).to(torch::kFloat32);
+      sampled = model_->sample_actions_after_subtask(obs, cue, st.max_tokens, eos, nullptr, noise_b);
+    } else {
+      elementwise = model_->compute_loss(obs, actions, noise_b, torch::cat(time).to(device_));
+      sampled = model_->sample_actions(obs, noise_b);
+      subtask_parts = torch::zeros({obs.batch_size(), 3}, f32.device(device_));
+    }
     const auto loss_mask = model::action_loss_mask(batch.action_rows, batch.action_dims, h, d, lm.episode_end,
                                                    lm.action_padding, f32.device(device_));
-    const auto sampled = model_->sample_actions(obs, noise_b);
     // The robot's own dims always (the padding is zero by construction and would dilute the error); the recorded
     // rows only with episode_end, as the loss.
     const auto action_mask = model::action_loss_mask(batch.action_rows, batch.action_dims, h, d, lm.episode_end,
                                                      /*action_padding=*/true, f32.device(device_));
     const auto sq = (sampled.to(torch::kFloat32) - actions).pow(2);
     // Per sample [B, 4], summed into its dataset's row.
-    const auto per_sample = torch::stack({(elementwise * loss_mask).sum({1, 2}), loss_mask.sum({1, 2}),
-                                          (sq * action_mask).sum({1, 2}), action_mask.sum({1, 2})},
-                                         1)
+    const auto per_sample = torch::cat({torch::stack({(elementwise * loss_mask).sum({1, 2}), loss_mask.sum({1, 2}),
+                                                      (sq * action_mask).sum({1, 2}), action_mask.sum({1, 2})},
+                                                     1),
+                                        subtask_parts},
+                                       1)
                                 .to(torch::kCPU, torch::kFloat64);
     const auto index = torch::tensor(source_of, torch::kInt64);
     sums.index_add_(0, index, per_sample);
@@ -738,13 +767,17 @@ std::optional<ValidationResult> Trainer::validate() {
   }
   model_->set_fused_inference(fused);
   nn::clear_cast_cache(*model_);  // the pass's weight copies: not held into the next step
-  auto reduced = torch::cat({sums, counts.unsqueeze(1)}, 1);  // one collective: [sources, 5]
+  auto reduced = torch::cat({sums, counts.unsqueeze(1)}, 1);  // one collective: [sources, 8]
   if (pg_) pg_->all_reduce_sum(reduced, "validation sums");
   const auto total = reduced.sum(0);
   ValidationResult r;
   r.loss = total[0].item<double>() / std::max(total[1].item<double>(), 1.0);
   r.action_mse = total[2].item<double>() / std::max(total[3].item<double>(), 1.0);
   r.samples = static_cast<int64_t>(samples.size());
+  if (st.enabled) {
+    r.subtask_ce = total[4].item<double>() / std::max(total[7].item<double>(), 1.0);
+    r.subtask_acc = total[5].item<double>() / std::max(total[6].item<double>(), 1.0);
+  }
   for (int64_t i = 0; i < num_sources; ++i) {
     const auto row = reduced[i];
     DatasetValidation d;
@@ -753,7 +786,7 @@ std::optional<ValidationResult> Trainer::validate() {
     d.action_positions = row[3].item<double>();
     d.loss = d.loss_positions > 0 ? row[0].item<double>() / d.loss_positions : std::nan("");
     d.action_mse = d.action_positions > 0 ? row[2].item<double>() / d.action_positions : std::nan("");
-    d.samples = static_cast<int64_t>(row[4].item<double>());
+    d.samples = static_cast<int64_t>(row[7].item<double>());
     r.datasets.push_back(std::move(d));
   }
   return r;

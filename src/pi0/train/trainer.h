@@ -66,6 +66,9 @@ struct ValidationResult {
   double action_mse = 0.0;  ///< squared error of sampled actions against the recorded ones (normalized units)
   int64_t samples = 0;      ///< held-out samples evaluated
   std::vector<DatasetValidation> datasets;  ///< one per dataset (data source), in data.datasets order
+  /// train.subtask: the subtask cross-entropy of the recorded block (per-example mean over its targets, mean over
+  /// the samples, as training's ce_subtask) and the share of its targets that are the argmax.
+  std::optional<double> subtask_ce, subtask_acc;
 };
 
 /// What one optimizer step did.

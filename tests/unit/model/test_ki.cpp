@@ -288,6 +288,16 @@ KeptError kept_rel_error(const std::map<std::string, torch::Tensor>& golden, con
   return e;
 }
 
+// One gradient tensor after another against the golden (within kGradTolerance, Frobenius), keeping the worst for
+// the summary line.
+struct GradErrors {
+  double worst = 0, worst_max = 0;
+  std::string worst_name;
+  int64_t compared = 0;
+  void check(const std::map<std::string, torch::Tensor>& golden, const std::string& key, const std::string& name,
+             const torch::Tensor& grad);
+};
+
 // Attention key biases: their true gradient is 0 (a shift shared by all keys of a query cancels in the softmax), so
 // both sides hold rounding noise (the fixtures' README); compared as absolute values against the scale of the same
 // layer's key-weight gradient instead.
@@ -296,6 +306,16 @@ KeptError kept_rel_error(const std::map<std::string, torch::Tensor>& golden, con
 // errors of a product add: 2e-5. (Measured: 1.2e-5 at most, the expert's last key projection; 3.5e-6 for every
 // CE-side tensor. Which side's rounding it is would take a float64 run of ours: not done.)
 constexpr double kGradTolerance = 2e-5;
+
+void GradErrors::check(const std::map<std::string, torch::Tensor>& golden, const std::string& key,
+                       const std::string& name, const torch::Tensor& grad) {
+  const auto e = kept_rel_error(golden, key, grad);
+  INFO("rel error " << e.frobenius << " (Frobenius), " << e.max_element << " (max element)");
+  CHECK(e.frobenius < kGradTolerance);
+  if (e.frobenius > worst) worst = e.frobenius, worst_name = name;
+  worst_max = std::max(worst_max, e.max_element);
+  ++compared;
+}
 
 bool is_key_bias(const std::string& name) { return name.find("self_attn.k_proj.bias") != std::string::npos; }
 
@@ -373,9 +393,8 @@ TEST_CASE("knowledge insulation parity with openpi's JAX: per-tensor gradients o
   };
   for (const auto& set : sets) {
     const auto g = grads(set.loss());
-    double worst = 0, worst_max = 0;
-    std::string worst_name;
-    int64_t compared = 0, zero = 0;
+    GradErrors errors;
+    int64_t zero = 0;
     for (const auto& [name, grad] : g) {
       INFO(set.name << ": " << name);
       const bool bb = is_backbone(name);
@@ -396,18 +415,13 @@ TEST_CASE("knowledge insulation parity with openpi's JAX: per-tensor gradients o
         CHECK(f.golden.at(key).abs().max().item<double>() < 1e-5 * scale);
         continue;
       }
-      const auto e = kept_rel_error(f.golden, key, grad);
-      INFO("rel error " << e.frobenius << " (Frobenius), " << e.max_element << " (max element)");
-      CHECK(e.frobenius < kGradTolerance);
-      if (e.frobenius > worst) worst = e.frobenius, worst_name = name;
-      worst_max = std::max(worst_max, e.max_element);
-      ++compared;
+      errors.check(f.golden, key, name, grad);
     }
-    CHECK(compared > 0);
+    CHECK(errors.compared > 0);
     std::printf("ki parity A11 %s: %lld tensors, rel error (Frobenius) max %.2e (%s), max-element %.2e; %lld "
                 "bitwise zero\n",
-                set.name, static_cast<long long>(compared), worst, worst_name.c_str(), worst_max,
-                static_cast<long long>(zero));
+                set.name, static_cast<long long>(errors.compared), errors.worst, errors.worst_name.c_str(),
+                errors.worst_max, static_cast<long long>(zero));
   }
 }
 
@@ -592,9 +606,7 @@ TEST_CASE("subtask parity with openpi's JAX: CE_T with the FAST CE FM v_t and th
   // through the stop-gradient), the expert side's from FM. Tolerance and key biases as A11.
   f.model->zero_grad();
   total.backward();
-  double worst = 0, worst_max = 0;
-  std::string worst_name;
-  int64_t compared = 0;
+  GradErrors errors;
   for (const auto& p : f.model->named_parameters()) {
     const auto& name = p.key();
     const auto grad = p.value().grad().defined() ? p.value().grad() : torch::zeros_like(p.value());
@@ -608,17 +620,12 @@ TEST_CASE("subtask parity with openpi's JAX: CE_T with the FAST CE FM v_t and th
       continue;
     }
     REQUIRE(golden_has(g, key));  // openpi's gradient of every other tensor is nonzero here
-    const auto e = kept_rel_error(g, key, grad);
-    INFO("rel error " << e.frobenius << " (Frobenius), " << e.max_element << " (max element)");
-    CHECK(e.frobenius < kGradTolerance);
-    if (e.frobenius > worst) worst = e.frobenius, worst_name = name;
-    worst_max = std::max(worst_max, e.max_element);
-    ++compared;
+    errors.check(g, key, name, grad);
   }
-  CHECK(compared > 0);
+  CHECK(errors.compared > 0);
   std::printf("subtask parity A10/A15 gradient of the loss: %lld tensors, rel error (Frobenius) max %.2e (%s), "
               "max-element %.2e\n",
-              static_cast<long long>(compared), worst, worst_name.c_str(), worst_max);
+              static_cast<long long>(errors.compared), errors.worst, errors.worst_name.c_str(), errors.worst_max);
 }
 
 TEST_CASE("subtask parity with openpi's JAX: greedy tokens through the KV cache and the actions sampled after them "
