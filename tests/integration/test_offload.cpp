@@ -177,7 +177,10 @@ TEST_CASE("offload: the bytes on each side equal the plan's, measured from the t
         device += item.value().numel() * static_cast<int64_t>(item.value().element_size());
       CHECK(t.offload()->device_copy_bytes() == plan.device_copy_bytes);
       CHECK(device == rank.weight_bytes);
-      CHECK(device == plan.device_bytes());
+      // Besides the parameters, the plan's device side holds only nn::Dense's float32 copies of frozen bf16 weights
+      // read in float32 (time MLP, projections): the trainer drops them at the end of a run, so
+      // tests/unit/train/test_step_census.cpp measures them against the plan, byte for byte, during a step.
+      CHECK(device + plan.cast_bytes == plan.device_bytes());
       CHECK(rank.grad_bytes == 0);
       CHECK(rank.optimizer_bytes == 0);
       CHECK(rank.ema_bytes == 0);
