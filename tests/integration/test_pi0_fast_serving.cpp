@@ -84,7 +84,7 @@ TEST_CASE("pi0_fast bundle: it carries the FAST tokenizer and predict decodes th
   auto b = io::load_bundle(bundle);
   CHECK(b.config.model.fast_tokenizer == io::kFastTokenizerDir);
   REQUIRE(b.fast_prompt != nullptr);
-  CHECK(b.fast_action_dim == kRobotDims);
+  CHECK(io::action_dims(b) == kRobotDims);
 
   const auto tensors = observation(3);
   const auto in = infer::make_inputs(b, tensors, "obs", kPrompt, nullptr);

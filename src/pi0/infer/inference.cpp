@@ -214,7 +214,8 @@ FastActions fast_actions(const io::Bundle& bundle, const torch::Tensor& tokens) 
   PI0_CHECK(bundle.fast_prompt != nullptr, "fast_actions needs a pi0-FAST bundle");
   PI0_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kInt64, "fast_actions: tokens must be [B,N] int64");
   const auto cpu = tokens.to(torch::kCPU).contiguous();
-  const int64_t B = cpu.size(0), N = cpu.size(1), H = bundle.config.model.action_horizon, D = bundle.fast_action_dim;
+  const int64_t B = cpu.size(0), N = cpu.size(1), H = bundle.config.model.action_horizon,
+                D = io::action_dims(bundle);
   const int64_t spm_vocab = bundle.fast_prompt->spm().vocab_size();
   FastActions out;
   out.actions = torch::zeros({B, H, D}, torch::kFloat64);

@@ -108,7 +108,7 @@ struct Prediction {
 };
 
 /// A pi0-FAST bundle's generated tokens [B,N] int64 (any device) → model-space actions [B,H,D] float32 on the CPU
-/// (D = Bundle::fast_action_dim) by openpi's text round trip (data::FastPromptTokenizer::extract_actions), and per
+/// (D = io::action_dims) by openpi's text round trip (data::FastPromptTokenizer::extract_actions), and per
 /// row whether they held actions ("Action: " and H·D coefficients; zeros otherwise, openpi's fallback).
 struct FastActions {
   torch::Tensor actions;

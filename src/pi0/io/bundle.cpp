@@ -444,10 +444,6 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device,
     }
     b.fast_prompt = std::make_shared<const data::FastPromptTokenizer>(
         std::make_shared<const data::Tokenizer>(b.tokenizer_path), std::move(fast));
-    // FAST chunks hold the robot's own action dims (the training transform encodes them unpadded): the norm stats'.
-    b.fast_action_dim = b.transform.norm_mode() != data::NormMode::kNone && b.norm_stats.keys.count("actions")
-                            ? static_cast<int64_t>(b.norm_stats.at("actions").mean.size())
-                            : b.config.model.action_dim;
   }
   {
     // Uninitialized, on the device, in the bundle's dtype: the weights are read straight into their final place.
@@ -505,6 +501,13 @@ std::string asset_hint(const Bundle& bundle, const std::string& what, int64_t st
   }
   return "; the bundle holds assets " + all + " and used '" + bundle.config.checkpoint.asset_id + "' (its first): " +
          what + (fit.empty() ? " fit none of them" : " fit " + fit) + "; pick one with --asset NAME";
+}
+
+int64_t action_dims(const Bundle& bundle) {
+  const bool normalized = bundle.transform.norm_mode() != data::NormMode::kNone;
+  return normalized && bundle.norm_stats.keys.count("actions")
+             ? static_cast<int64_t>(bundle.norm_stats.at("actions").mean.size())
+             : bundle.config.model.action_dim;
 }
 
 std::optional<torch::ScalarType> parse_compute_dtype(const std::string& v) {

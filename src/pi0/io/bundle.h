@@ -85,7 +85,6 @@ struct Bundle {
   /// pi0-FAST (model.type pi0_fast): openpi's prompt layout and action extraction over the bundle's SentencePiece
   /// model and its fast_tokenizer/ folder; null otherwise.
   std::shared_ptr<const data::FastPromptTokenizer> fast_prompt;
-  int64_t fast_action_dim = 0;  ///< pi0-FAST: D of its FAST chunks (the norm stats' action dims); 0 otherwise
   data::TransformOptions transform;  ///< resolved training transform options (norm mode, dims, prompt format)
   torch::ScalarType dtype = torch::kFloat32;  ///< parameter and compute dtype of the model
 };
@@ -104,6 +103,10 @@ Bundle load_bundle(const std::string& dir, const torch::Device& device = torch::
 /// unknown) select the fitting assets: state dims equal, action dims at least. "" for a bundle of one asset or when
 /// --asset was given.
 std::string asset_hint(const Bundle& bundle, const std::string& what, int64_t state_dim, int64_t min_action_dim = -1);
+
+/// The robot's action dims the bundle answers with: its norm stats' `actions` when it normalizes, else
+/// model.action_dim. Also pi0-FAST's D (its FAST chunks were encoded unpadded, in the robot's dims).
+int64_t action_dims(const Bundle& bundle);
 
 /// The --dtype flag of pi0-infer and pi0-serve: "" → nullopt (the bundle's precision), bf16|bfloat16, f32|float32.
 std::optional<torch::ScalarType> parse_compute_dtype(const std::string& flag_value);

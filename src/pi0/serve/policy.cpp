@@ -83,10 +83,7 @@ Policy::Policy(io::Bundle bundle, PolicyOptions options)
                       std::to_string(mo.action_horizon) + "," + std::to_string(mo.action_dim) + "] or [1,H,A]");
     options_.noise = n.contiguous();
   }
-  const bool normalized = bundle_.transform.norm_mode() != data::NormMode::kNone;
-  const int64_t bundle_dims = normalized && bundle_.norm_stats.keys.count("actions")
-                                  ? static_cast<int64_t>(bundle_.norm_stats.at("actions").mean.size())
-                                  : mo.action_dim;
+  const int64_t bundle_dims = io::action_dims(bundle_);
   const int64_t want = robot_action_dims(options_.robot);
   if (want > bundle_dims)
     throw UserError("--robot " + robot_name(options_.robot) + ": the bundle's actions have " + std::to_string(bundle_dims) +
@@ -121,7 +118,7 @@ Policy::Policy(io::Bundle bundle, PolicyOptions options)
   if (bundle_.fast_prompt)
     metadata_["fast"] = {{"max_decoding_steps", cfg.model.max_decoding_steps},
                          {"temperature", cfg.model.temperature},
-                         {"action_dim", bundle_.fast_action_dim}};
+                         {"action_dim", bundle_dims}};
   for (auto it = metadata_.begin(); it != metadata_.end(); ++it) {
     const auto& reserved = config::reserved_metadata_keys();
     PI0_CHECK(std::find(reserved.begin(), reserved.end(), it.key()) != reserved.end(), "metadata key '", it.key(),

@@ -84,6 +84,11 @@ Trainer::Trainer(config::Config cfg, RunOptions options)
   checkpointer_.check_run_dir(options_.resume);
   plan_model();
   data_ = make_data_pipeline(cfg_, local_batch(), options_.rank, options_.world_size);
+  if (cfg_.train.subtask.enabled && !data_.validation.empty()) {
+    const data::Tokenizer tokenizer(cfg_.data.tokenizer);
+    for (const int id : tokenizer.encode(cfg_.train.subtask.cue)) subtask_cue_.push_back(id);
+    subtask_eos_ = tokenizer.eos_id();
+  }
   // LeRobot data resolves adapt_to_pi "auto" from its features (on for ALOHA-like ones). The run dir, its
   // checkpoints and the bundles exported from them record the value the data was trained with, so that inference
   // converts state and actions exactly as training did (and serves ALOHA's metadata).
@@ -703,13 +708,6 @@ std::optional<ValidationResult> Trainer::validate() {
   // A subtask model acts after its subtask block, as trained (teacher-forced: the flow loss and the block's
   // cross-entropy) and as pi0-infer runs it (its own greedy decoding first: the sampled actions' error).
   const auto& st = cfg_.train.subtask;
-  std::vector<int64_t> cue;
-  int64_t eos = 0;
-  if (st.enabled) {
-    const data::Tokenizer tokenizer(cfg_.data.tokenizer);
-    for (const int id : tokenizer.encode(st.cue)) cue.push_back(id);
-    eos = tokenizer.eos_id();
-  }
   auto counts = torch::zeros({num_sources}, torch::kFloat64);
   std::vector<int64_t> mine;  // this rank's share: every world_size-th sample
   for (int64_t i = options_.rank; i < static_cast<int64_t>(samples.size()); i += options_.world_size) mine.push_back(i);
@@ -741,7 +739,7 @@ std::optional<ValidationResult> Trainer::validate() {
                                                  torch::cat(time).to(device_));
       elementwise = l.flow;
       subtask_parts = torch::stack({l.subtask_ce, l.subtask_correct, l.subtask_targets}, 1).to(torch::kFloat32);
-      sampled = model_->sample_actions_after_subtask(obs, cue, st.max_tokens, eos, nullptr, noise_b);
+      sampled = model_->sample_actions_after_subtask(obs, subtask_cue_, st.max_tokens, subtask_eos_, nullptr, noise_b);
     } else {
       elementwise = model_->compute_loss(obs, actions, noise_b, torch::cat(time).to(device_));
       sampled = model_->sample_actions(obs, noise_b);

@@ -186,6 +186,9 @@ class Trainer {
   NamedTensors trainable_params_;  ///< every trainable parameter, whatever this rank's share
   int64_t last_grad_bytes_ = 0;
   DataPipeline data_;
+  /// train.subtask with a validation split: the cue's ids and EOS, where validation's greedy decoding starts and ends.
+  std::vector<int64_t> subtask_cue_;
+  int64_t subtask_eos_ = 0;
   /// Noise and flow-matching time; CPU, saved with checkpoints. Seeded alike on every rank: each rank draws the
   /// values of the whole global batch and keeps its slice, so results do not depend on the world size.
   at::Generator rng_;
