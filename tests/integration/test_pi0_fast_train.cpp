@@ -1,12 +1,16 @@
 // model.type pi0_fast in the trainer (docs/pi0_fast.md): batches in openpi's pi0-FAST token layout, the FAST
 // cross-entropy and fast_acc in metrics.jsonl, bit-exact resume, the tokenizer folder's errors, pi0-train
-// --print-params, and a learning smoke run of configs/debug_pi0_fast.yaml on the generated example data.
+// --print-params, --dump-batches, and a learning smoke run of configs/debug_pi0_fast.yaml on the generated example data.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "pi0/common/check.h"
 #include "pi0/common/threads.h"
@@ -15,6 +19,7 @@
 #include "pi0/io/safetensors.h"
 #include "pi0/train/data_setup.h"
 #include "pi0/train/metrics.h"
+#include "pi0/train/sample_dump.h"
 #include "pi0/train/trainer.h"
 #include "support/app_process.h"
 #include "support/tiny_run.h"
@@ -65,7 +70,30 @@ TEST_CASE("pi0_fast: batches hold openpi's pi0-FAST token layout", "[integration
   CHECK(pipe.sources[0].transform->options().norm == "quantile");
 }
 
-TEST_CASE("pi0_fast: resume is bit-exact and metrics.jsonl has loss and fast_acc", "[integration][train][fast]") {
+TEST_CASE("pi0_fast: --dump-batches shows the postfix and the actions inference would read from it",
+          "[integration][train][fast]") {
+  TinyRun run;
+  const auto dir = run.dir.str("dump");
+  // tiny_spm_fast.model: FAST ids land on pieces that re-encode to themselves, so openpi's text round trip is exact.
+  const std::string spm_path = std::string(PI0_SOURCE_DIR) + "/tests/data/tokenizer/tiny_spm_fast.model";
+  const auto cfg = run.config("run", fast_on({"data.tokenizer=" + spm_path, "model.vocab_size=1280"}));
+  REQUIRE(train::dump_samples(cfg, 2, dir) == 2);
+  const data::Tokenizer spm(spm_path);
+  const auto marker = spm.encode("Action: "), bar = spm.encode("|");
+  for (const char* sample : {"sample_000", "sample_001"}) {
+    INFO(sample);
+    const auto j = nlohmann::json::parse(std::ifstream(dir + "/" + sample + "/sample.json"));
+    REQUIRE(j.contains("fast_tokens"));
+    // "Action: ", the FAST ids, "|", EOS.
+    CHECK(j.at("fast_tokens").size() == marker.size() + j.at("fast_ids").size() + bar.size() + 1);
+    CHECK(j.at("fast_tokens").back().get<int64_t>() == spm.eos_id());
+    CHECK(j.at("fast_decodable").get<bool>());
+    // FAST is lossy by design (scale 10: coefficients rounded to 0.1): the decoded chunk is near the robot's 7 dims.
+    CHECK(testing::fast_chunk_error(j, 7) < 0.15);
+  }
+}
+
+TEST_CASE("pi0_fast: resume is bit-exact and metrics.jsonl has loss, fast_acc and fast_undecodable", "[integration][train][fast]") {
   TinyRun run;
   const auto cfg = [&](const std::string& name, int64_t steps) {
     return run.config(name, fast_on({"train.num_steps=" + std::to_string(steps), "checkpoint.save_interval=2",
@@ -87,13 +115,14 @@ TEST_CASE("pi0_fast: resume is bit-exact and metrics.jsonl has loss and fast_acc
     train::Trainer t(cfg("resumed", 4), resume);
     CHECK(t.run() == 4);
   }
-  for (const char* key : {"loss", "fast_acc", "grad_norm"}) {
+  for (const char* key : {"loss", "fast_acc", "fast_undecodable", "grad_norm"}) {
     INFO(key);
     const auto a = metrics_column(run.dir.str("straight"), key), b = metrics_column(run.dir.str("resumed"), key);
     REQUIRE(a.size() == 4);
     CHECK(a == b);  // exact
   }
   for (const double acc : metrics_column(run.dir.str("straight"), "fast_acc")) CHECK((acc >= 0 && acc <= 1));
+  for (const double u : metrics_column(run.dir.str("straight"), "fast_undecodable")) CHECK((u >= 0 && u <= 1));
   CHECK(metrics_column(run.dir.str("straight"), "flow_loss").empty());
   const auto ck_a = run.dir.str("straight") + "/checkpoints/4/", ck_b = run.dir.str("resumed") + "/checkpoints/4/";
   const auto wa = io::read_safetensors(ck_a + "model.safetensors"), wb = io::read_safetensors(ck_b + "model.safetensors");
@@ -134,7 +163,7 @@ TEST_CASE("pi0_fast smoke: configs/debug_pi0_fast.yaml trains 100 steps and the 
   const auto cfg =
       config::load_config(std::string(PI0_SOURCE_DIR) + "/configs/debug_pi0_fast.yaml",
                           {"data.dataset.paths=[" + run.data_glob + "]", "data.norm_stats=" + run.norm_stats,
-                           "data.tokenizer=" + std::string(PI0_SOURCE_DIR) + "/data/tokenizer/tiny_spm.model",
+                           "data.tokenizer=" + std::string(PI0_SOURCE_DIR) + "/tests/data/tokenizer/tiny_spm_fast.model",
                            "model.fast_tokenizer=" + kTestFastTokenizer, "checkpoint.run_dir=" + run.dir.str("smoke"),
                            "train.num_steps=100", "train.lr_decay_steps=100", "train.log_interval=10",
                            "train.metrics_interval=0", "checkpoint.save_interval=1000"});
@@ -142,10 +171,12 @@ TEST_CASE("pi0_fast smoke: configs/debug_pi0_fast.yaml trains 100 steps and the 
   t.run();
   pi0::set_num_threads(threads_before);
   const auto loss = metrics_column(run.dir.str("smoke"), "loss"),
-             acc = metrics_column(run.dir.str("smoke"), "fast_acc");
+             acc = metrics_column(run.dir.str("smoke"), "fast_acc"),
+             undecodable = metrics_column(run.dir.str("smoke"), "fast_undecodable");
   REQUIRE(loss.size() == 10);
-  std::printf("pi0_fast smoke: loss %.3f -> %.3f, fast_acc %.3f -> %.3f\n", loss.front(), loss.back(), acc.front(),
-              acc.back());
+  REQUIRE(undecodable.size() == 10);
+  std::printf("pi0_fast smoke: loss %.3f -> %.3f, fast_acc %.3f -> %.3f, fast_undecodable %.3f -> %.3f\n",
+              loss.front(), loss.back(), acc.front(), acc.back(), undecodable.front(), undecodable.back());
   CHECK(loss.back() * 2 < loss.front());
   CHECK(acc.back() > acc.front());
 }

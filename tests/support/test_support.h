@@ -2,6 +2,8 @@
 #pragma once
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -64,6 +66,19 @@ inline nlohmann::json read_json(const std::string& path) {
   std::ifstream f(path);
   REQUIRE(f);
   return nlohmann::json::parse(f);
+}
+
+/// A --dump-batches sample.json's decoded FAST chunk against its actions: max |fast_actions − actions| over the
+/// first `dims` columns (the robot's; the actions are zero-padded past them). REQUIREs matching shapes.
+inline double fast_chunk_error(const nlohmann::json& sample, size_t dims) {
+  const auto& fa = sample.at("fast_actions");
+  const auto& a = sample.at("actions");
+  REQUIRE(fa.size() == a.size());
+  REQUIRE(fa.at(0).size() == dims);
+  double worst = 0;
+  for (size_t r = 0; r < fa.size(); ++r)
+    for (size_t c = 0; c < dims; ++c) worst = std::max(worst, std::abs(fa[r][c].get<double>() - a[r][c].get<double>()));
+  return worst;
 }
 
 /// A JSON number written with all 17 significant digits, so that a YAML config built from a golden's settings

@@ -220,4 +220,26 @@ FastExtracted FastPromptTokenizer::extract_actions(const std::vector<int64_t>& t
   return out;
 }
 
+FastExtracted FastPromptTokenizer::extract_generated(const std::vector<int64_t>& tokens, int64_t H, int64_t D) const {
+  std::vector<int64_t> ids;
+  ids.reserve(tokens.size());
+  for (const int64_t t : tokens)
+    if (t >= 0 && t < spm_->vocab_size()) ids.push_back(t);
+  return extract_actions(ids, H, D);
+}
+
+int64_t FastPromptTokenizer::block_fast_count(const std::vector<int64_t>& block) const {
+  const auto n = static_cast<int64_t>(block.size());
+  const auto end = static_cast<int64_t>(bar_.size()) + 1;  // "|" + EOS
+  const bool closed = n >= end && block.back() == spm_->eos_id();
+  return closed ? n - end : n;
+}
+
+FastDecoded FastPromptTokenizer::decode_paligemma(const std::vector<int64_t>& pg_ids, int64_t H, int64_t D) const {
+  std::vector<int64_t> ids;
+  ids.reserve(pg_ids.size());
+  for (const int64_t id : pg_ids) ids.push_back(paligemma_of(id));  // pg is its own inverse
+  return fast_->decode(ids, H, D);
+}
+
 }  // namespace pi0::data

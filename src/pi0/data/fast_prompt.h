@@ -42,6 +42,8 @@ struct FastExtracted {
   FastDecoded decoded;            ///< actions [H*D] float64; zeros when !found_marker or !decoded.decodable
   bool found_marker = false;      ///< the decoded text contains "Action: " (openpi returns zeros otherwise)
   std::vector<int64_t> fast_ids;  ///< FAST ids after the round trip (may be out of the FAST range)
+  /// The row yielded actions (openpi's zeros otherwise).
+  bool holds_actions() const { return found_marker && decoded.decodable; }
 };
 
 /// openpi's FASTTokenizer over a SentencePiece model (PaliGemma's, or a test model) and a FAST tokenizer.
@@ -58,6 +60,17 @@ class FastPromptTokenizer {
 
   /// Actions from generated tokens (sample_actions' output row: "Action: ", FAST tokens, "|", EOS, then anything).
   FastExtracted extract_actions(const std::vector<int64_t>& tokens, int64_t H, int64_t D) const;
+
+  /// extract_actions of a model's token row, leaving out ids past the SentencePiece vocabulary (a model.vocab_size
+  /// larger than its tokenizer's, which openpi's PaliGemma never has): they have no text, as if never generated.
+  FastExtracted extract_generated(const std::vector<int64_t>& tokens, int64_t H, int64_t D) const;
+
+  /// train.ki's FAST block (data::SampleTransform): pg(FAST ids) + spm("|") + EOS, right-padded, truncation may cut
+  /// its end. Of its valid tokens `block`, how many lead with FAST ids: all but the closing ones when it ends with
+  /// EOS, else all.
+  int64_t block_fast_count(const std::vector<int64_t>& block) const;
+  /// FAST ids given as PaliGemma ids (`pg_ids`, mapped back through pg without range checks) decoded with (H, D).
+  FastDecoded decode_paligemma(const std::vector<int64_t>& pg_ids, int64_t H, int64_t D) const;
 
   /// pg(id) = spm vocab - 1 - 128 - id, without range checks (openpi applies it to any id in both directions).
   int64_t paligemma_of(int64_t id) const { return spm_->vocab_size() - 1 - 128 - id; }

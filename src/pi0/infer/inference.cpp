@@ -216,18 +216,12 @@ FastActions fast_actions(const io::Bundle& bundle, const torch::Tensor& tokens) 
   const auto cpu = tokens.to(torch::kCPU).contiguous();
   const int64_t B = cpu.size(0), N = cpu.size(1), H = bundle.config.model.action_horizon,
                 D = io::action_dims(bundle);
-  const int64_t spm_vocab = bundle.fast_prompt->spm().vocab_size();
   FastActions out;
   out.actions = torch::zeros({B, H, D}, torch::kFloat64);
   for (int64_t b = 0; b < B; ++b) {
-    // Ids past the SentencePiece vocabulary (a model.vocab_size larger than its tokenizer's, which openpi's
-    // PaliGemma never has) have no text: left out of the round trip, as if never generated.
     const int64_t* row = cpu.data_ptr<int64_t>() + b * N;
-    std::vector<int64_t> ids;
-    for (int64_t i = 0; i < N; ++i)
-      if (row[i] >= 0 && row[i] < spm_vocab) ids.push_back(row[i]);
-    const auto extracted = bundle.fast_prompt->extract_actions(ids, H, D);
-    const bool ok = extracted.found_marker && extracted.decoded.decodable;
+    const auto extracted = bundle.fast_prompt->extract_generated(std::vector<int64_t>(row, row + N), H, D);
+    const bool ok = extracted.holds_actions();
     out.decodable.push_back(ok);
     if (ok)
       std::copy(extracted.decoded.actions.begin(), extracted.decoded.actions.end(), out.actions[b].data_ptr<double>());

@@ -536,10 +536,11 @@ Pi0Impl::KiLoss Pi0Impl::compute_prefix_loss(const Observation& obs, const torch
                                      torch::full({1}, -1, idx));
   const auto prev_valid = torch::cat({torch::full({b, 1}, -1, idx), std::get<0>(valid_at.cummax(1)).narrow(1, 0, total - 1)}, 1);
   struct BlockCe {
-    torch::Tensor ce, targets, correct;
+    torch::Tensor ce, targets, correct, predicted;
   };
   const auto block_ce = [&](const torch::Tensor& tokens, const torch::Tensor& targets, int64_t offset) {
-    BlockCe r{torch::zeros({b}, f32), targets.sum(1).to(torch::kFloat32), torch::zeros({b}, f32)};
+    BlockCe r{torch::zeros({b}, f32), targets.sum(1).to(torch::kFloat32), torch::zeros({b}, f32),
+              torch::full({b, tokens.size(1)}, -1, idx)};
     if (tokens.size(1) == 0) return r;
     const auto where = targets.nonzero();  // [N,2] (example, index in the block), the valid targets
     const auto ex = where.select(1, 0), col = where.select(1, 1);
@@ -549,17 +550,19 @@ Pi0Impl::KiLoss Pi0Impl::compute_prefix_loss(const Observation& obs, const torch
     PI0_CHECK(rows.min().item<int64_t>() >= 0, "a text target has no valid row before it");
     const auto h = backbone.prefix.index({ex, rows});  // [N,Wp]
     const auto target = tokens.index({ex, col});       // [N]
-    std::vector<torch::Tensor> nll, hit;
+    std::vector<torch::Tensor> nll, argmax;
     for (int64_t s = 0; s < n; s += ki_logit_chunk_) {
       const int64_t m = std::min(ki_logit_chunk_, n - s);
       const auto logits = token_logits(h.narrow(0, s, m));  // [m,V] float32
       const auto tgt = target.narrow(0, s, m);
       nll.push_back(torch::logsumexp(logits, -1) - logits.gather(1, tgt.unsqueeze(1)).squeeze(1));
-      hit.push_back((logits.detach().argmax(-1) == tgt).to(torch::kFloat32));
+      argmax.push_back(logits.detach().argmax(-1));
     }
     const auto per_target = nll.size() == 1 ? nll[0] : torch::cat(nll);
+    const auto predicted = argmax.size() == 1 ? argmax[0] : torch::cat(argmax);
     r.ce = r.ce.index_add(0, ex, per_target) / r.targets.clamp_min(1.0);
-    r.correct = r.correct.index_add(0, ex, hit.size() == 1 ? hit[0] : torch::cat(hit));
+    r.correct = r.correct.index_add(0, ex, (predicted == target).to(torch::kFloat32));
+    r.predicted.index_put_({ex, col}, predicted);
     return r;
   };
   if (has_t) {
@@ -568,9 +571,10 @@ Pi0Impl::KiLoss Pi0Impl::compute_prefix_loss(const Observation& obs, const torch
   }
   if (has_f) {
     auto fast = block_ce(f_tokens, f_mask, tp + tt);
-    out.ce = fast.ce, out.targets = fast.targets, out.correct = fast.correct;
+    out.ce = fast.ce, out.targets = fast.targets, out.correct = fast.correct, out.predicted = fast.predicted;
   } else {
     out.ce = torch::zeros({b}, f32), out.targets = torch::zeros({b}, f32), out.correct = torch::zeros({b}, f32);
+    out.predicted = torch::zeros({b, 0}, idx);
   }
   return out;
 }

@@ -145,6 +145,9 @@ class Pi0Impl : public torch::nn::Module {
     torch::Tensor ce;       ///< [B] float32: the mean over the example's valid FAST targets of −log p (0 without any)
     torch::Tensor targets;  ///< [B] float32: valid FAST targets per example
     torch::Tensor correct;  ///< [B] float32: targets that are the logits' argmax (no gradient)
+    /// [B,F] int64: the logits' argmax at each valid FAST target, -1 elsewhere (the teacher-forced prediction the
+    /// trainer's fast_undecodable reads); [B,0] without a FAST block.
+    torch::Tensor predicted;
     /// With a subtask block (else undefined): the same three over its targets.
     torch::Tensor subtask_ce, subtask_targets, subtask_correct;
   };

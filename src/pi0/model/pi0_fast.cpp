@@ -114,26 +114,28 @@ Pi0FastImpl::Loss Pi0FastImpl::compute_loss(const Observation& obs, const torch:
   const auto target_mask = token_loss_mask.to(torch::kBool).narrow(1, 1, l - 1);  // [B, L-1]
   const auto rows = pre.reshape({-1, pre.size(2)}).index({target_mask.reshape({-1})});
   const auto targets = obs.tokenized_prompt.to(torch::kLong).narrow(1, 1, l - 1).reshape({-1}).index({target_mask.reshape({-1})});
-  std::vector<torch::Tensor> logp_parts, hit_parts, logit_parts;
+  std::vector<torch::Tensor> logp_parts, argmax_parts, logit_parts;
   for (int64_t r0 = 0; r0 < rows.size(0); r0 += logit_chunk_) {
     const int64_t nr = std::min(logit_chunk_, rows.size(0) - r0);
     const auto lg = logits(rows.narrow(0, r0, nr));
     const auto tg = targets.narrow(0, r0, nr);
     logp_parts.push_back(torch::log_softmax(lg, -1).gather(1, tg.unsqueeze(1)).squeeze(1));
-    hit_parts.push_back((lg.detach().argmax(-1) == tg).to(torch::kFloat32));
+    argmax_parts.push_back(lg.detach().argmax(-1));
     if (keep_logits) logit_parts.push_back(lg.detach());
   }
   const auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(pre.device());
   auto per_token = torch::zeros({b * (l - 1)}, fopts);
-  auto hits = torch::zeros({b * (l - 1)}, fopts);
+  auto predicted = torch::full({b * (l - 1)}, -1, fopts.dtype(torch::kLong));
   if (!logp_parts.empty()) {
     per_token = per_token.masked_scatter(target_mask.reshape({-1}), torch::cat(logp_parts));
-    hits = hits.masked_scatter(target_mask.reshape({-1}), torch::cat(hit_parts));
+    predicted = predicted.masked_scatter(target_mask.reshape({-1}), torch::cat(argmax_parts));
   }
   Loss out;
   out.targets = target_mask.to(torch::kFloat32).sum(1);
   out.loss = -per_token.view({b, l - 1}).sum(1) / out.targets.clamp_min(1.0);
-  out.correct = hits.view({b, l - 1}).sum(1);
+  out.predicted = predicted.view({b, l - 1});
+  const auto next = obs.tokenized_prompt.to(torch::kLong).narrow(1, 1, l - 1);
+  out.correct = (out.predicted == next).logical_and(target_mask).to(torch::kFloat32).sum(1);
   if (keep_logits)
     out.logits = logit_parts.empty() ? torch::zeros({0, language_model->options.vocab_size}, fopts) : torch::cat(logit_parts);
   return out;

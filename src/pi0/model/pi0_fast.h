@@ -56,6 +56,9 @@ class Pi0FastImpl : public torch::nn::Module {
     torch::Tensor loss;     ///< [B] float32: mean over the example's loss-masked targets of -log p (0 without any)
     torch::Tensor targets;  ///< [B] float32: loss-masked targets
     torch::Tensor correct;  ///< [B] float32: targets that are the logits' argmax (no gradient)
+    /// [B, L-1] int64: at each loss-masked target (the token after row j) the logits' argmax, -1 elsewhere: the
+    /// teacher-forced prediction, read as generated tokens for the trainer's fast_undecodable.
+    torch::Tensor predicted;
     torch::Tensor logits;   ///< [n_targets, V] float32 at the loss-masked targets, in (b, j) order (keep_logits)
   };
   /// openpi's compute_loss (docs above). token_ar_mask / token_loss_mask [B,L] bool (data::FastTokenized).

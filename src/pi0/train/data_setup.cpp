@@ -93,6 +93,7 @@ DataPipeline make_data_pipeline(const config::Config& cfg, int64_t local_batch, 
   }
   const auto fast = load_ki_fast_tokenizer(cfg, *tokenizer);
   const auto fast_prompt = load_fast_prompt_tokenizer(cfg, tokenizer);
+  p.fast_reader = fast ? std::make_shared<const data::FastPromptTokenizer>(tokenizer, fast) : fast_prompt;
   if (cfg.train.subtask.enabled) {
     // Decoding starts after the cue, and a block must hold the cue, one text token and EOS.
     const auto& st = cfg.train.subtask;

@@ -25,6 +25,9 @@ struct DataPipeline {
   /// What chose `held_out` and `validation` (recorded in checkpoints, compared at --resume).
   ValidationSetId validation_set;
   std::unique_ptr<data::DataLoader> loader;
+  /// What reads a model's FAST predictions back (train/fast_decoding.h): model.type pi0_fast's token layout, or
+  /// train.ki's FAST tokenizer over data.tokenizer; null otherwise.
+  std::shared_ptr<const data::FastPromptTokenizer> fast_reader;
 };
 
 /// train.ki's FAST tokenizer (null when KI is off). UserError naming train.ki.fast_tokenizer when the folder is missing or

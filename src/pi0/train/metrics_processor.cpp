@@ -102,6 +102,12 @@ std::map<std::string, double> MetricsProcessor::close(Interval& iv, double lr, d
     if (pg_) pg_->all_reduce_sum(sums, "pi0-FAST accuracy");
     record["fast_acc"] = sums[0].item<double>() / std::max(sums[1].item<double>(), 1.0);
   }
+  if (iv.fast_decoding_steps > 0) {
+    // pi0_fast or train.ki, one config: every rank takes this collective, or none does.
+    auto sums = torch::tensor({iv.fast_undecodable, iv.fast_sequences}, torch::kFloat64);
+    if (pg_) pg_->all_reduce_sum(sums, "FAST decoding metrics");
+    record["fast_undecodable"] = sums[0].item<double>() / std::max(sums[1].item<double>(), 1.0);
+  }
   if (iv.sub_steps > 0) {
     // As the KI metrics: one config, so every rank takes this collective or none does.
     auto sums = torch::tensor({iv.sub_ce, iv.sub_correct, iv.sub_targets}, torch::kFloat64);
@@ -143,6 +149,13 @@ void MetricsProcessor::add_fast_accuracy(double correct, double targets) {
   for (Interval* iv : {&log_, &record_}) iv->fast_correct += correct, iv->fast_targets += targets, ++iv->fast_steps;
 }
 
+void MetricsProcessor::add_fast_decoding(double undecodable, double sequences) {
+  for (Interval* iv : {&log_, &record_}) {
+    iv->fast_undecodable += undecodable, iv->fast_sequences += sequences;
+    ++iv->fast_decoding_steps;
+  }
+}
+
 void MetricsProcessor::add_subtask(double ce, double correct, double targets) {
   for (Interval* iv : {&log_, &record_}) {
     iv->sub_ce += ce, iv->sub_correct += correct, iv->sub_targets += targets;
@@ -174,12 +187,15 @@ void MetricsProcessor::log(int64_t step, double loss, double grad_norm, double l
   if (line.count("offload_grad_s"))
     std::snprintf(host, sizeof host, " | host: grads %.2f s, update %.2f s, forward waited %.2f s",
                   line.at("offload_grad_s"), line.at("offload_update_s"), line.at("offload_wait_s"));
-  char ki[80] = "";
+  char ki[112] = "";
+  char undecodable[40] = "";
+  if (line.count("fast_undecodable"))
+    std::snprintf(undecodable, sizeof undecodable, ", undecodable %.3f", line.at("fast_undecodable"));
   if (line.count("ce_fast"))
-    std::snprintf(ki, sizeof ki, " (ce_fast %.4f, flow %.4f, fast_acc %.3f)", line.at("ce_fast"), line.at("flow_loss"),
-                  line.at("fast_acc"));
+    std::snprintf(ki, sizeof ki, " (ce_fast %.4f, flow %.4f, fast_acc %.3f%s)", line.at("ce_fast"),
+                  line.at("flow_loss"), line.at("fast_acc"), undecodable);
   else if (line.count("fast_acc"))
-    std::snprintf(ki, sizeof ki, " (fast_acc %.3f)", line.at("fast_acc"));
+    std::snprintf(ki, sizeof ki, " (fast_acc %.3f%s)", line.at("fast_acc"), undecodable);
   char sub[64] = "";
   if (line.count("ce_subtask"))
     std::snprintf(sub, sizeof sub, " (ce_subtask %.4f, subtask_acc %.3f)", line.at("ce_subtask"),

@@ -66,6 +66,10 @@ class MetricsProcessor {
   /// model.type pi0_fast: the step's FAST targets predicted by the argmax and all its FAST targets (summed over the
   /// micro-batches); the record and the progress line get fast_acc over the interval and the ranks.
   void add_fast_accuracy(double correct, double targets);
+  /// model.type pi0_fast and train.ki: examples whose teacher-forced FAST prediction holds no actions and examples
+  /// with FAST targets (StepResult::FastDecoding); the record and the progress line get fast_undecodable, their ratio
+  /// over the interval and the ranks.
+  void add_fast_decoding(double undecodable, double sequences);
 
   /// A validation pass at `step` (values already reduced over ranks): rank 0 writes {"step", "val_loss",
   /// "val_action_mse"} to metrics.jsonl and a line to the log; later progress lines show the latest val_loss. With
@@ -100,6 +104,8 @@ class MetricsProcessor {
     int64_t sub_steps = 0;
     double fast_correct = 0, fast_targets = 0;  // pi0_fast, summed over fast_steps
     int64_t fast_steps = 0;
+    double fast_undecodable = 0, fast_sequences = 0;  // pi0_fast and train.ki, summed over fast_decoding_steps
+    int64_t fast_decoding_steps = 0;
     distributed::GradReducerStats comm_start;
   };
   /// The interval's record (mean loss over ranks, speed, communication); starts the next interval. Collective.

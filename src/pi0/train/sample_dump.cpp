@@ -67,8 +67,8 @@ int64_t dump_samples(const config::Config& cfg, int64_t n, const std::string& di
   const int64_t micro_batch = cfg.train.batch_size / cfg.train.grad_accum_steps;
   auto pipe = make_data_pipeline(cfg, micro_batch, 0, 1);
   const data::Tokenizer tokenizer(cfg.data.tokenizer);
-  const auto fast = load_ki_fast_tokenizer(cfg, tokenizer);  // train.ki: the FAST block is shown too
-  const int64_t fast_end = static_cast<int64_t>(tokenizer.encode("|").size()) + 1;  // "|" + EOS close each block
+  // pi0_fast and train.ki: the FAST tokens are shown with the actions they decode to.
+  const data::FastPromptTokenizer* fast = pipe.fast_reader.get();
 
   const fs::path final_dir(dir);
   const fs::path tmp = final_dir.parent_path() / (final_dir.filename().string() + ".tmp-" + std::to_string(::getpid()));
@@ -137,23 +137,36 @@ int64_t dump_samples(const config::Config& cfg, int64_t n, const std::string& di
             {"token_count", static_cast<int64_t>(ids.size())},
             {"tokens_text", tokenizer.decode(ids)},
         };
+        const auto show_fast = [&](const std::vector<int64_t>& tokens, const std::vector<int64_t>& fast_ids,
+                                   const data::FastDecoded& decoded, bool holds_actions) {
+          const int64_t h = batch.actions.size(1), d = batch.action_dims[b].item<int64_t>();
+          j["fast_tokens"] = tokens;
+          j["fast_ids"] = fast_ids;
+          j["fast_decodable"] = holds_actions;
+          j["fast_actions"] = values(torch::tensor(decoded.actions, torch::kFloat64).view({h, d}));
+        };
         if (fast && batch.fast_tokens.defined()) {
-          // The block's PaliGemma ids, the FAST ids they map back to (without the closing "|" and EOS, unless
-          // truncation cut them), and those decoded as openpi's pi0-FAST would: [H, robot dims], normalized units.
-          std::vector<int64_t> block, fast_ids;
+          // train.ki: the block's PaliGemma ids, the FAST ids they map back to (without the closing "|" and EOS,
+          // unless truncation cut them), and those decoded: [H, robot dims], normalized units.
+          std::vector<int64_t> block;
           for (int64_t i = 0; i < batch.fast_tokens.size(1); ++i)
             if (batch.fast_mask[b][i].item<bool>()) block.push_back(batch.fast_tokens[b][i].item<int64_t>());
-          const auto n_block = static_cast<int64_t>(block.size());
-          const bool closed = n_block >= fast_end && block.back() == tokenizer.eos_id();
-          for (int64_t i = 0; i < n_block - (closed ? fast_end : 0); ++i)
-            fast_ids.push_back(data::paligemma_to_fast(block[static_cast<size_t>(i)], tokenizer.vocab_size()));
-          const int64_t h = batch.actions.size(1), d = batch.action_dims[b].item<int64_t>();
-          const auto decoded = fast->decode(fast_ids, h, d);
-          j["fast_tokens"] = block;
-          j["fast_ids"] = fast_ids;
-          j["fast_truncated"] = !closed;
-          j["fast_decodable"] = decoded.decodable;
-          j["fast_actions"] = values(torch::tensor(decoded.actions, torch::kFloat64).view({h, d}));
+          const int64_t n_fast = fast->block_fast_count(block);
+          const std::vector<int64_t> pg(block.begin(), block.begin() + n_fast);
+          std::vector<int64_t> fast_ids;
+          for (const int64_t id : pg) fast_ids.push_back(fast->paligemma_of(id));
+          const auto decoded = fast->decode_paligemma(pg, batch.actions.size(1), batch.action_dims[b].item<int64_t>());
+          show_fast(block, fast_ids, decoded, decoded.decodable);
+          j["fast_truncated"] = n_fast == static_cast<int64_t>(block.size());
+        } else if (fast && batch.token_loss_mask.defined()) {
+          // pi0_fast: the postfix ("Action: ", FAST ids, "|", EOS) and the actions inference would read from it
+          // (openpi's text round trip: over a tokenizer whose tail pieces do not re-encode to themselves, none).
+          std::vector<int64_t> postfix;
+          for (int64_t i = 0; i < tokens.numel(); ++i)
+            if (batch.token_loss_mask[b][i].item<bool>()) postfix.push_back(all_ids[static_cast<size_t>(i)]);
+          const auto extracted =
+              fast->extract_generated(postfix, batch.actions.size(1), batch.action_dims[b].item<int64_t>());
+          show_fast(postfix, extracted.fast_ids, extracted.decoded, extracted.holds_actions());
         }
         if (batch.subtask_tokens.defined()) {
           // The frame's subtask text, the block the model reads (cue, text, EOS) and the part it predicts.

@@ -29,6 +29,7 @@
 #include "pi0/model/param_layout.h"
 #include "pi0/nn/dense.h"
 #include "pi0/nn/param_device.h"
+#include "pi0/train/fast_decoding.h"
 #include "pi0/train/lr_schedule.h"
 #include "pi0/train/memory_plan.h"
 #include "pi0/train/metrics_processor.h"
@@ -336,6 +337,8 @@ int64_t Trainer::run() {
       if (result.ki) metrics_->add_ki(result.ki->ce, result.ki->flow, result.ki->correct, result.ki->targets);
       if (result.subtask) metrics_->add_subtask(result.subtask->ce, result.subtask->correct, result.subtask->targets);
       if (result.fast) metrics_->add_fast_accuracy(result.fast->correct, result.fast->targets);
+      if (result.fast_decoding)
+        metrics_->add_fast_decoding(result.fast_decoding->undecodable, result.fast_decoding->sequences);
       metrics_->log(step_, result.loss, result.grad_norm, lr);
     }
     const bool save = step_ % ck.save_interval == 0 || (step_ == t.num_steps && options_.final_checkpoint) || result.stop;
@@ -488,6 +491,8 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
   torch::Tensor fast_sum;
   // train.subtask: [ce, correct, targets] summed over the micro-batches, read with the loss.
   torch::Tensor subtask_sum;
+  // pi0_fast and train.ki: each micro-batch's teacher-forced FAST predictions, read after the step's one wait.
+  std::vector<torch::Tensor> fast_predicted;
   for (int64_t micro = 0; micro < n_micro; ++micro) {
     if (offload_) {
       ProfileScope offload(phase::kOffload);
@@ -511,6 +516,7 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
       loss = fl.loss.mean();
       const auto parts = torch::stack({fl.correct.sum(), fl.targets.sum()}).to(torch::kFloat64);
       fast_sum = micro == 0 ? parts : fast_sum + parts;
+      fast_predicted.push_back(fl.predicted);
     } else if (noise_time) {
       noise = noise_time->noise[static_cast<size_t>(micro)].to(device_, torch::kFloat32);
       time = noise_time->time[static_cast<size_t>(micro)].to(device_, torch::kFloat32);
@@ -573,6 +579,7 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
         const auto parts = torch::stack({ce.detach(), loss.detach(), ki->correct.sum(), ki->targets.sum()})
                                .to(torch::kFloat64);
         ki_sum = micro == 0 ? parts : ki_sum + parts;
+        fast_predicted.push_back(ki->predicted);
         total = total + t.ki.ce_weight * ce;
       }
       if (t.subtask.enabled) {
@@ -632,6 +639,17 @@ StepResult Trainer::train_step(const std::vector<model::Batch>& micro_batches, d
     double total = host[1].item<double>();
     if (const auto sum_over_ranks = grad_sync_->norm_sum_over_ranks()) total = sum_over_ranks(total);
     result.grad_norm = std::sqrt(total);
+  }
+  if (!fast_predicted.empty()) {
+    // Read after the wait above (the predictions are ready): host work of about a millisecond per example.
+    PI0_CHECK(data_.fast_reader != nullptr, "FAST predictions but no FAST reader in the data pipeline");
+    StepResult::FastDecoding d;
+    for (size_t i = 0; i < fast_predicted.size(); ++i) {
+      const auto c = model_->is_fast() ? count_undecodable_fast(*data_.fast_reader, fast_predicted[i], micro_batches[i])
+                                       : count_undecodable_ki(*data_.fast_reader, fast_predicted[i], micro_batches[i]);
+      d.undecodable += static_cast<double>(c.undecodable), d.sequences += static_cast<double>(c.sequences);
+    }
+    result.fast_decoding = d;
   }
   // Clipping: a factor the update applies as it reads each gradient (no pass of its own; 1 when not finite).
   const double grad_scale = clip_scale(result.grad_norm, max_norm);

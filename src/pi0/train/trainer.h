@@ -93,6 +93,13 @@ struct StepResult {
     double targets = 0.0;  ///< loss-masked targets
   };
   std::optional<FastAccuracy> fast;
+  /// model.type pi0_fast and train.ki: examples whose teacher-forced FAST prediction holds no actions
+  /// (train/fast_decoding.h) and examples with FAST targets, sums over the micro-batches (this rank).
+  struct FastDecoding {
+    double undecodable = 0.0;
+    double sequences = 0.0;
+  };
+  std::optional<FastDecoding> fast_decoding;
   /// train.subtask: the subtask cross-entropy (per-example mean over its targets, batch mean; mean over the
   /// micro-batches) and its accuracy's parts (sums); the loss adds train.subtask.weight times the cross-entropy.
   struct Subtask {

@@ -1,10 +1,14 @@
 // pi0-plot's axes (issue 27): both axes end on labelled ticks that enclose the data (a falling loss never drops
 // below the lowest tick, steps start at a 0 tick), loss on a log scale, and panel titles above the frames, never
-// over a curve.
+// over a curve. And which panels pi0-plot draws without --keys (metric_panels).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
+#include "pi0/train/metric_panels.h"
 #include "pi0/train/plot.h"
 
 using namespace pi0::train;
@@ -105,4 +109,54 @@ TEST_CASE("plot_panels: an overlay is drawn on its panel's axes, which widen to 
     }
   CHECK(inside > 100);  // the line and its dots
   CHECK(above > 50);    // "val_loss" after the panel's title
+}
+
+TEST_CASE("metric_panels: without --keys a run's recorded metrics get panels and held-out values sit over theirs",
+          "[unit][train]") {
+  std::vector<nlohmann::json> records;
+  for (int step = 1; step <= 4; ++step) {
+    records.push_back({{"step", step}, {"loss", 1.0 / step}, {"lr", 1e-4}, {"ce_subtask", 2.0 / step},
+                       {"subtask_acc", 0.2 * step}, {"fast_acc", 0.1 * step}, {"fast_undecodable", 1.0 - 0.2 * step}});
+  }
+  records.push_back({{"step", 4}, {"val_loss", 0.3}, {"val_action_mse", 0.1}, {"val_ce_subtask", 0.7},
+                     {"val_subtask_acc", 0.6}});
+  const auto keys = pi0::train::default_panel_keys(records);
+  CHECK(keys == std::vector<std::string>{"loss", "val_action_mse", "fast_acc", "fast_undecodable", "ce_subtask",
+                                         "subtask_acc", "lr"});
+  const auto chosen = pi0::train::metric_panels(records, keys, {"loss"}, /*overlays=*/true);
+  CHECK(chosen.missing.empty());
+  REQUIRE(chosen.panels.size() == keys.size());
+  const auto overlay_of = [&](const std::string& title) -> std::vector<std::string> {
+    for (const auto& p : chosen.panels) {
+      if (p.title != title) continue;
+      std::vector<std::string> labels;
+      for (const auto& o : p.overlays) labels.push_back(o.label);
+      return labels;
+    }
+    FAIL("no panel " << title);
+    return {};
+  };
+  CHECK(overlay_of("loss") == std::vector<std::string>{"val_loss"});
+  CHECK(overlay_of("ce_subtask") == std::vector<std::string>{"val_ce_subtask"});
+  CHECK(overlay_of("subtask_acc") == std::vector<std::string>{"val_subtask_acc"});
+  CHECK(overlay_of("fast_undecodable").empty());
+  const auto& sub = chosen.panels[static_cast<size_t>(std::find(keys.begin(), keys.end(), "subtask_acc") - keys.begin())];
+  REQUIRE(sub.overlays.size() == 1);
+  CHECK(sub.overlays[0].x == std::vector<double>{4});
+  CHECK(sub.overlays[0].y == std::vector<double>{0.6});
+  CHECK(sub.y.size() == 4);
+  CHECK(chosen.panels.front().log_y);
+  CHECK(chosen.panels.back().title == "learning rate");
+
+  SECTION("with --keys: those panels alone, no overlays, the absent ones named") {
+    const auto given = pi0::train::metric_panels(records, {"loss", "ce_fast"}, {}, /*overlays=*/false);
+    CHECK(given.panels[0].overlays.empty());
+    CHECK(given.missing == std::vector<std::string>{"ce_fast"});
+  }
+  SECTION("a knowledge-insulation run adds its loss parts") {
+    records.front()["ce_fast"] = 1.0, records.front()["flow_loss"] = 0.5;
+    CHECK(pi0::train::default_panel_keys(records) ==
+          std::vector<std::string>{"loss", "val_action_mse", "ce_fast", "flow_loss", "fast_acc", "fast_undecodable",
+                                   "ce_subtask", "subtask_acc", "lr"});
+  }
 }
