@@ -37,7 +37,7 @@ int plot_main(int argc, char** argv) {
                       "'learning_rate'); when not given: loss and lr, and what the file holds of val_action_mse, "
                       "ce_fast, flow_loss, fast_acc, fast_undecodable, ce_subtask and subtask_acc (validation "
                       "values drawn over their training panel: val_loss over loss, val_ce_subtask over ce_subtask, "
-                      "val_subtask_acc over subtask_acc)")
+                      "val_subtask_acc over subtask_acc, val_fast_undecodable over fast_undecodable)")
           ->delimiter(',');
   cli->add_option("--log-y", log_keys,
                   "metrics drawn on a logarithmic axis when all their values are positive, comma-separated")

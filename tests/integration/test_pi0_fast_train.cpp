@@ -1,6 +1,6 @@
 // model.type pi0_fast in the trainer (docs/pi0_fast.md): batches in openpi's pi0-FAST token layout, the FAST
 // cross-entropy and fast_acc in metrics.jsonl, bit-exact resume, the tokenizer folder's errors, pi0-train
-// --print-params, --dump-batches, and a learning smoke run of configs/debug_pi0_fast.yaml on the generated example data.
+// --print-params, --dump-batches, validation, and a learning smoke run of configs/debug_pi0_fast.yaml on the generated example data.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -14,6 +14,7 @@
 
 #include "pi0/common/check.h"
 #include "pi0/common/threads.h"
+#include "pi0/data/loader.h"
 #include "pi0/data/tokenizer.h"
 #include "pi0/io/bundle.h"
 #include "pi0/io/safetensors.h"
@@ -90,6 +91,43 @@ TEST_CASE("pi0_fast: --dump-batches shows the postfix and the actions inference 
     CHECK(j.at("fast_decodable").get<bool>());
     // FAST is lossy by design (scale 10: coefficients rounded to 0.1): the decoded chunk is near the robot's 7 dims.
     CHECK(testing::fast_chunk_error(j, 7) < 0.15);
+  }
+}
+
+TEST_CASE("pi0_fast: validation is its cross-entropy and the greedy decoding pi0-infer runs", "[integration][train][fast]") {
+  TinyRun run;
+  const std::string spm_path = std::string(PI0_SOURCE_DIR) + "/tests/data/tokenizer/tiny_spm_fast.model";
+  const auto cfg = run.config(
+      "val", fast_on({"data.tokenizer=" + spm_path, "model.vocab_size=1280", "model.max_decoding_steps=48",
+                      "data.validation_split=0.34", "train.val_samples=6", "train.num_steps=2",
+                      "checkpoint.save_interval=2"}));
+  train::Trainer t(cfg);
+  t.run();
+  for (const char* key : {"val_loss", "val_action_mse", "val_fast_undecodable"}) {
+    INFO(key);
+    CHECK(metrics_column(run.dir.str("val"), key).size() == 1);
+  }
+  const auto v = t.validate(), again = t.validate();
+  REQUIRE(v.has_value());
+  CHECK(v->samples == 6);
+  REQUIRE(v->fast_undecodable.has_value());
+  CHECK((*v->fast_undecodable >= 0 && *v->fast_undecodable <= 1));
+  CHECK(v->loss == again->loss);  // greedy: the same every pass
+  CHECK(v->action_mse == again->action_mse);
+  CHECK(*v->fast_undecodable == *again->fast_undecodable);
+
+  // val_loss is training's loss on the held-out samples (one chunk: the 6 fit one local batch of 8, same order).
+  auto pipe = train::make_data_pipeline(cfg, 8, 0, 1);
+  REQUIRE(pipe.validation.size() == 6);
+  const auto batch = data::make_batch(pipe.sources, pipe.validation);
+  torch::NoGradGuard no_grad;
+  const auto fl = t.model()->compute_fast_loss(batch.observation, batch.token_ar_mask, batch.token_loss_mask);
+  CHECK(v->loss == Approx(fl.loss.mean().item<double>()).epsilon(1e-6));
+  // Decoded actions against the recorded ones over the robot's dims; a row without actions counts as zeros, as
+  // pi0-infer answers. An all-undecodable pass is the recorded actions' mean square.
+  if (*v->fast_undecodable == 1.0) {
+    const auto dims = batch.action_dims[0].item<int64_t>();
+    CHECK(v->action_mse == Approx(batch.actions.narrow(2, 0, dims).pow(2).mean().item<double>()).epsilon(1e-6));
   }
 }
 

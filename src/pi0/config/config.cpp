@@ -592,8 +592,6 @@ void validate_pi0_fast(const Config& c) {
           "none with model.type pi0_fast (the host update is not wired to its forward)");
   require(t.gradient_checkpointing != "auto", "train.gradient_checkpointing", "'auto'",
           "true or false with model.type pi0_fast (the memory plan does not model it)");
-  require(!validation_enabled(c), "data.validation_split", c.data.validation_split,
-          "0 and no validation_episodes with model.type pi0_fast (validation passes are flow-matching ones)");
 }
 
 }  // namespace

@@ -242,4 +242,15 @@ FastDecoded FastPromptTokenizer::decode_paligemma(const std::vector<int64_t>& pg
   return fast_->decode(ids, H, D);
 }
 
+FastPrefix FastPromptTokenizer::prefix_only(const torch::Tensor& tokens, const torch::Tensor& mask,
+                                            const torch::Tensor& loss_mask) {
+  PI0_CHECK(tokens.dim() == 2 && tokens.sizes() == mask.sizes() && tokens.sizes() == loss_mask.sizes(),
+            "prefix_only: tokens, mask and loss mask must be [B, L] alike");
+  FastPrefix out;
+  out.mask = mask.to(torch::kBool).logical_and(loss_mask.to(torch::kBool).logical_not());
+  out.tokens = tokens.to(torch::kLong) * out.mask;
+  out.ar_mask = torch::zeros_like(out.mask);
+  return out;
+}
+
 }  // namespace pi0::data

@@ -37,6 +37,13 @@ struct FastTokenized {
   int64_t n_fast = 0;       ///< FAST ids in the postfix before truncation (0 without actions)
 };
 
+/// A batch's inference input in this layout (FastPromptTokenizer::prefix_only), each tensor [B, L].
+struct FastPrefix {
+  torch::Tensor tokens;   ///< int64: the prefix, then 0
+  torch::Tensor mask;     ///< bool: true on the prefix
+  torch::Tensor ar_mask;  ///< bool: all false (the prefix is bidirectional)
+};
+
 /// The actions recovered from one generated token row.
 struct FastExtracted {
   FastDecoded decoded;            ///< actions [H*D] float64; zeros when !found_marker or !decoded.decodable
@@ -57,6 +64,10 @@ class FastPromptTokenizer {
   /// `state` [S] normalized (any float dtype), `actions_HD` [H, D] normalized or undefined (inference: prefix only).
   FastTokenized tokenize(const std::string& prompt, const torch::Tensor& state, const torch::Tensor& actions_HD,
                          int64_t max_token_len) const;
+
+  /// A batch of tokenize() rows ([B, L] tokens, mask and loss mask) cut to what tokenize() without actions gives:
+  /// the prefix alone, right-padded to the same L (the prefix comes first in every row).
+  static FastPrefix prefix_only(const torch::Tensor& tokens, const torch::Tensor& mask, const torch::Tensor& loss_mask);
 
   /// Actions from generated tokens (sample_actions' output row: "Action: ", FAST tokens, "|", EOS, then anything).
   FastExtracted extract_actions(const std::vector<int64_t>& tokens, int64_t H, int64_t D) const;

@@ -46,6 +46,7 @@ std::string validation_overlay(const std::string& key) {
   if (key == "loss") return "val_loss";
   if (key == "ce_subtask") return "val_ce_subtask";
   if (key == "subtask_acc") return "val_subtask_acc";
+  if (key == "fast_undecodable") return "val_fast_undecodable";
   return "";
 }
 

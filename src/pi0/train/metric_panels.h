@@ -17,7 +17,8 @@ namespace pi0::train {
 std::vector<std::string> default_panel_keys(const std::vector<nlohmann::json>& records);
 
 /// The validation metric drawn over training metric `key`'s panel: val_loss over loss, val_ce_subtask over
-/// ce_subtask, val_subtask_acc over subtask_acc; empty for the others.
+/// ce_subtask, val_subtask_acc over subtask_acc, val_fast_undecodable (free-running decoding) over fast_undecodable
+/// (teacher-forced); empty for the others.
 std::string validation_overlay(const std::string& key);
 
 struct MetricPanels {

@@ -205,17 +205,20 @@ void MetricsProcessor::log(int64_t step, double loss, double grad_norm, double l
                format_duration(step_time * static_cast<double>(num_steps_ - step)));
 }
 
-void MetricsProcessor::log_validation(int64_t step, double val_loss, double val_action_mse, int64_t samples,
-                                      double seconds, const std::vector<DatasetValidation>& datasets,
-                                      std::optional<double> val_subtask_ce, std::optional<double> val_subtask_acc) {
-  last_val_loss_ = val_loss;
+void MetricsProcessor::log_validation(int64_t step, const ValidationResult& v, double seconds) {
+  last_val_loss_ = v.loss;
   if (rank_ != 0) return;
-  std::map<std::string, double> record = {{"val_loss", val_loss}, {"val_action_mse", val_action_mse}};
-  std::string subtask;
-  if (val_subtask_ce && val_subtask_acc) {
-    record["val_ce_subtask"] = *val_subtask_ce;
-    record["val_subtask_acc"] = *val_subtask_acc;
-    subtask = fmt::format(" | val_ce_subtask {:.4f} (val_subtask_acc {:.3f})", *val_subtask_ce, *val_subtask_acc);
+  const auto& datasets = v.datasets;
+  std::map<std::string, double> record = {{"val_loss", v.loss}, {"val_action_mse", v.action_mse}};
+  std::string extra;
+  if (v.subtask_ce && v.subtask_acc) {
+    record["val_ce_subtask"] = *v.subtask_ce;
+    record["val_subtask_acc"] = *v.subtask_acc;
+    extra = fmt::format(" | val_ce_subtask {:.4f} (val_subtask_acc {:.3f})", *v.subtask_ce, *v.subtask_acc);
+  }
+  if (v.fast_undecodable) {
+    record["val_fast_undecodable"] = *v.fast_undecodable;
+    extra += fmt::format(" | val_fast_undecodable {:.3f}", *v.fast_undecodable);
   }
   // A single dataset's values are the aggregate: only a mixture gets per-dataset keys.
   const bool per_dataset = datasets.size() > 1;
@@ -226,7 +229,7 @@ void MetricsProcessor::log_validation(int64_t step, double val_loss, double val_
   }
   writer_->write(step, record);
   spdlog::info("step {}/{} | val_loss {:.4f} | val_action_mse {:.4f}{} | {} held-out samples in {:.1f} s", step,
-               num_steps_, val_loss, val_action_mse, subtask, samples, seconds);
+               num_steps_, v.loss, v.action_mse, extra, v.samples, seconds);
   for (const auto& d : datasets) {
     if (!per_dataset) break;
     if (d.samples == 0) {

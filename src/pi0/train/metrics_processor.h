@@ -33,6 +33,24 @@ struct DatasetValidation {
   double loss_positions = 0.0, action_positions = 0.0;
 };
 
+/// One validation pass (Trainer::validate), over every rank's share.
+struct ValidationResult {
+  /// Flow matching: the loss with each sample's fixed noise and time (train.loss_mask applies). model.type pi0_fast:
+  /// its cross-entropy (per-example mean over the postfix, mean over the samples, as training's loss).
+  double loss = 0.0;
+  /// Squared error of sampled actions against the recorded ones (normalized units, the robot's dims); pi0_fast: of
+  /// the actions its greedy decoding yields, zeros where it yields none (as inference answers).
+  double action_mse = 0.0;
+  int64_t samples = 0;                      ///< held-out samples evaluated
+  std::vector<DatasetValidation> datasets;  ///< one per dataset (data source), in data.datasets order
+  /// train.subtask: the subtask cross-entropy of the recorded block (per-example mean over its targets, mean over
+  /// the samples, as training's ce_subtask) and the share of its targets that are the argmax.
+  std::optional<double> subtask_ce, subtask_acc;
+  /// model.type pi0_fast: the share of samples whose greedy decoding (free-running, from the prompt alone, as
+  /// pi0-infer runs it) holds no actions.
+  std::optional<double> fast_undecodable;
+};
+
 class MetricsProcessor {
  public:
   /// train.log_interval, metrics_interval, num_steps and batch_size from `train`; `pg` null in single-process runs;
@@ -75,11 +93,8 @@ class MetricsProcessor {
   /// "val_action_mse"} to metrics.jsonl and a line to the log; later progress lines show the latest val_loss. With
   /// more than one dataset, each one's values too: "val_loss/<asset id>" and "val_action_mse/<asset id>" in the same
   /// record (left out for a dataset with no held-out samples) and one log line per dataset.
-  /// train.subtask: also val_ce_subtask and val_subtask_acc (ValidationResult's).
-  void log_validation(int64_t step, double val_loss, double val_action_mse, int64_t samples, double seconds,
-                      const std::vector<DatasetValidation>& datasets = {},
-                      std::optional<double> val_subtask_ce = std::nullopt,
-                      std::optional<double> val_subtask_acc = std::nullopt);
+  /// train.subtask: also val_ce_subtask and val_subtask_acc; model.type pi0_fast: val_fast_undecodable.
+  void log_validation(int64_t step, const ValidationResult& v, double seconds);
 
   /// The metrics.jsonl key of dataset `name`'s value of `metric`: "val_loss/libero". TensorBoard groups keys by the
   /// part before the '/', so the datasets' curves sit together under val_loss.

@@ -350,9 +350,7 @@ int64_t Trainer::run() {
       const auto t0 = Clock::now();
       const auto v = validate();
       last_val_.emplace(step_, v->loss);
-      metrics_->log_validation(step_, v->loss, v->action_mse, v->samples,
-                               std::chrono::duration<double>(Clock::now() - t0).count(), v->datasets, v->subtask_ce,
-                               v->subtask_acc);
+      metrics_->log_validation(step_, *v, std::chrono::duration<double>(Clock::now() - t0).count());
     }
     if (save) {
       ProfileScope saving(phase::kCheckpoint);
@@ -718,11 +716,12 @@ std::optional<ValidationResult> Trainer::validate() {
   const auto lm = config::loss_mask(cfg_.train);
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
   const int64_t h = cfg_.model.action_horizon, d = cfg_.model.action_dim;
-  // Per dataset (source): loss numerator and count, action error numerator and count, and with train.subtask the
-  // subtask cross-entropy summed over samples, its correct targets and its targets (float64, all-reduced once); the
-  // pass's values are the column sums' ratios, each dataset's its own row's.
+  // Per dataset (source): loss numerator and count, action error numerator and count, with train.subtask the
+  // subtask cross-entropy summed over samples, its correct targets and its targets, and for pi0-FAST the samples
+  // whose decoding held no actions (float64, all-reduced once); the pass's values are the column sums' ratios, each
+  // dataset's its own row's.
   const auto num_sources = static_cast<int64_t>(data_.sources.size());
-  auto sums = torch::zeros({num_sources, 7}, torch::kFloat64);
+  auto sums = torch::zeros({num_sources, 8}, torch::kFloat64);
   // A subtask model acts after its subtask block, as trained (teacher-forced: the flow loss and the block's
   // cross-entropy) and as pi0-infer runs it (its own greedy decoding first: the sampled actions' error).
   const auto& st = cfg_.train.subtask;
@@ -748,7 +747,37 @@ std::optional<ValidationResult> Trainer::validate() {
     const auto actions = batch.actions.to(device_);
     const auto noise_b = torch::stack(noise).to(device_);
     torch::Tensor elementwise, sampled, subtask_parts;
-    if (st.enabled) {
+    torch::Tensor loss_sum, loss_count;  // per sample [B]
+    auto undecodable = torch::zeros({obs.batch_size(), 1}, f32);
+    if (model_->is_fast()) {
+      // pi0-FAST: val_loss is its cross-entropy, teacher-forced as in training; the actions come from greedy
+      // decoding of the prompt alone, read as pi0-infer reads them (zeros where they hold none).
+      const auto fl = model_->compute_fast_loss(obs, batch.token_ar_mask.to(device_), batch.token_loss_mask.to(device_));
+      loss_sum = fl.loss, loss_count = torch::ones_like(fl.loss);
+      const auto cut = data::FastPromptTokenizer::prefix_only(
+          batch.observation.tokenized_prompt, batch.observation.tokenized_prompt_mask, batch.token_loss_mask);
+      auto prefix = obs;
+      prefix.tokenized_prompt = cut.tokens.to(device_);
+      prefix.tokenized_prompt_mask = cut.mask.to(device_);
+      // Greedy whatever model.temperature says: the same values every pass.
+      const auto tokens = model_->sample_fast_tokens(prefix, cut.ar_mask.to(device_), cfg_.model.max_decoding_steps,
+                                                     /*temperature=*/0.0)
+                              .tokens.to(torch::kCPU)
+                              .contiguous();
+      auto decoded = torch::zeros({obs.batch_size(), h, d}, f32);
+      for (int64_t b = 0; b < obs.batch_size(); ++b) {
+        const int64_t* row = tokens.data_ptr<int64_t>() + b * tokens.size(1);
+        const int64_t dims = batch.action_dims[b].item<int64_t>();
+        const auto got = data_.fast_reader->extract_generated(std::vector<int64_t>(row, row + tokens.size(1)), h, dims);
+        if (got.holds_actions()) {
+          decoded[b].narrow(1, 0, dims).copy_(torch::tensor(got.decoded.actions, torch::kFloat64).view({h, dims}));
+        } else {
+          undecodable[b][0] = 1.0f;
+        }
+      }
+      sampled = decoded.to(device_);
+      subtask_parts = torch::zeros({obs.batch_size(), 3}, f32.device(device_));
+    } else if (st.enabled) {
       model::Pi0Impl::PrefixBlocks blocks;
       blocks.subtask_tokens = batch.subtask_tokens.to(device_);
       blocks.subtask_mask = batch.subtask_mask.to(device_);
@@ -770,20 +799,20 @@ std::optional<ValidationResult> Trainer::validate() {
     const auto action_mask = model::action_loss_mask(batch.action_rows, batch.action_dims, h, d, lm.episode_end,
                                                      /*action_padding=*/true, f32.device(device_));
     const auto sq = (sampled.to(torch::kFloat32) - actions).pow(2);
-    // Per sample [B, 4], summed into its dataset's row.
-    const auto per_sample = torch::cat({torch::stack({(elementwise * loss_mask).sum({1, 2}), loss_mask.sum({1, 2}),
-                                                      (sq * action_mask).sum({1, 2}), action_mask.sum({1, 2})},
-                                                     1),
-                                        subtask_parts},
-                                       1)
-                                .to(torch::kCPU, torch::kFloat64);
+    if (!loss_sum.defined()) loss_sum = (elementwise * loss_mask).sum({1, 2}), loss_count = loss_mask.sum({1, 2});
+    // Per sample [B, 8], summed into its dataset's row.
+    const auto per_sample =
+        torch::cat({torch::stack({loss_sum, loss_count, (sq * action_mask).sum({1, 2}), action_mask.sum({1, 2})}, 1),
+                    subtask_parts, undecodable.to(device_)},
+                   1)
+            .to(torch::kCPU, torch::kFloat64);
     const auto index = torch::tensor(source_of, torch::kInt64);
     sums.index_add_(0, index, per_sample);
     counts.index_add_(0, index, torch::ones({index.numel()}, torch::kFloat64));
   }
   model_->set_fused_inference(fused);
   nn::clear_cast_cache(*model_);  // the pass's weight copies: not held into the next step
-  auto reduced = torch::cat({sums, counts.unsqueeze(1)}, 1);  // one collective: [sources, 8]
+  auto reduced = torch::cat({sums, counts.unsqueeze(1)}, 1);  // one collective: [sources, 9]
   if (pg_) pg_->all_reduce_sum(reduced, "validation sums");
   const auto total = reduced.sum(0);
   ValidationResult r;
@@ -791,9 +820,10 @@ std::optional<ValidationResult> Trainer::validate() {
   r.action_mse = total[2].item<double>() / std::max(total[3].item<double>(), 1.0);
   r.samples = static_cast<int64_t>(samples.size());
   if (st.enabled) {
-    r.subtask_ce = total[4].item<double>() / std::max(total[7].item<double>(), 1.0);
+    r.subtask_ce = total[4].item<double>() / std::max(total[8].item<double>(), 1.0);
     r.subtask_acc = total[5].item<double>() / std::max(total[6].item<double>(), 1.0);
   }
+  if (model_->is_fast()) r.fast_undecodable = total[7].item<double>() / std::max(total[8].item<double>(), 1.0);
   for (int64_t i = 0; i < num_sources; ++i) {
     const auto row = reduced[i];
     DatasetValidation d;
@@ -802,7 +832,7 @@ std::optional<ValidationResult> Trainer::validate() {
     d.action_positions = row[3].item<double>();
     d.loss = d.loss_positions > 0 ? row[0].item<double>() / d.loss_positions : std::nan("");
     d.action_mse = d.action_positions > 0 ? row[2].item<double>() / d.action_positions : std::nan("");
-    d.samples = static_cast<int64_t>(row[7].item<double>());
+    d.samples = static_cast<int64_t>(row[8].item<double>());
     r.datasets.push_back(std::move(d));
   }
   return r;

@@ -60,17 +60,6 @@ struct StepNoise {
   std::vector<torch::Tensor> time;   ///< [B] per micro-batch, in (0, 1]
 };
 
-/// One validation pass (Trainer::validate), over every rank's share.
-struct ValidationResult {
-  double loss = 0.0;        ///< flow-matching loss with each sample's fixed noise and time (train.loss_mask applies)
-  double action_mse = 0.0;  ///< squared error of sampled actions against the recorded ones (normalized units)
-  int64_t samples = 0;      ///< held-out samples evaluated
-  std::vector<DatasetValidation> datasets;  ///< one per dataset (data source), in data.datasets order
-  /// train.subtask: the subtask cross-entropy of the recorded block (per-example mean over its targets, mean over
-  /// the samples, as training's ce_subtask) and the share of its targets that are the argmax.
-  std::optional<double> subtask_ce, subtask_acc;
-};
-
 /// What one optimizer step did.
 struct StepResult {
   double loss = 0.0;       ///< mean loss over the micro-batches (this rank), before the update: flow matching, or
@@ -143,8 +132,9 @@ class Trainer {
   /// split): the flow-matching loss with noise and time fixed per sample (drawn from the seed and the sample's place
   /// in the set, so the same every pass, across a resume and at any world size), and the squared error of actions
   /// sampled in 10 Euler steps from that noise against the recorded ones, over the robot's own action dims (and
-  /// with train.loss_mask episode_end the recorded rows). Collective when data-parallel: each rank evaluates every
-  /// world_size-th sample, the sums are all-reduced.
+  /// with train.loss_mask episode_end the recorded rows). model.type pi0_fast: its cross-entropy, and the actions of
+  /// greedy decoding from the prompt alone read as pi0-infer reads them (ValidationResult::fast_undecodable).
+  /// Collective when data-parallel: each rank evaluates every world_size-th sample, the sums are all-reduced.
   std::optional<ValidationResult> validate();
   /// Writes a checkpoint of the current state (run() calls it at save_interval and at the end).
   std::string save_checkpoint();

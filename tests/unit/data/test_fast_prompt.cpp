@@ -162,3 +162,25 @@ TEST_CASE("fast prompt: a FAST vocabulary too large for the SentencePiece model 
               "tokenizer with vocab_size <= 665 or PaliGemma's tokenizer");
   }
 }
+
+TEST_CASE("pi0fast prefix_only: a batch of training rows cut to what tokenize gives without actions", "[fast][data]") {
+  auto spm = std::make_shared<pi0::data::Tokenizer>(std::string(PI0_SOURCE_DIR) + "/tests/data/tokenizer/tiny_spm_fast.model");
+  auto fast = std::make_shared<pi0::data::FastTokenizer>(golden("../fast/tokenizer_a"));
+  const FastPromptTokenizer tok(spm, fast);
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> tokens, mask, loss, want_tokens, want_mask, want_ar;
+  const std::vector<std::string> prompts = {"pick up the cube", "Open the DRAWER_now", "", "stack\tthe bowls please"};
+  for (const auto& prompt : prompts) {
+    const auto state = torch::rand({5}) * 2 - 1;
+    const auto full = tok.tokenize(prompt, state, (torch::randn({6, 3}) * 0.3).cumsum(0).clamp(-1, 1), 96);
+    const auto prefix = tok.tokenize(prompt, state, torch::Tensor(), 96);
+    REQUIRE(full.n_fast > 0);
+    tokens.push_back(full.tokens), mask.push_back(full.mask), loss.push_back(full.loss_mask);
+    want_tokens.push_back(prefix.tokens), want_mask.push_back(prefix.mask), want_ar.push_back(prefix.ar_mask);
+  }
+  const auto cut = FastPromptTokenizer::prefix_only(torch::stack(tokens), torch::stack(mask), torch::stack(loss));
+  CHECK(torch::equal(cut.tokens, torch::stack(want_tokens)));
+  CHECK(torch::equal(cut.mask, torch::stack(want_mask)));
+  CHECK(torch::equal(cut.ar_mask, torch::stack(want_ar)));
+  CHECK(cut.mask.sum().item<int64_t>() < torch::stack(mask).sum().item<int64_t>());  // the postfixes are gone
+}

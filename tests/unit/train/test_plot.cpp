@@ -119,7 +119,7 @@ TEST_CASE("metric_panels: without --keys a run's recorded metrics get panels and
                        {"subtask_acc", 0.2 * step}, {"fast_acc", 0.1 * step}, {"fast_undecodable", 1.0 - 0.2 * step}});
   }
   records.push_back({{"step", 4}, {"val_loss", 0.3}, {"val_action_mse", 0.1}, {"val_ce_subtask", 0.7},
-                     {"val_subtask_acc", 0.6}});
+                     {"val_subtask_acc", 0.6}, {"val_fast_undecodable", 0.9}});
   const auto keys = pi0::train::default_panel_keys(records);
   CHECK(keys == std::vector<std::string>{"loss", "val_action_mse", "fast_acc", "fast_undecodable", "ce_subtask",
                                          "subtask_acc", "lr"});
@@ -139,7 +139,8 @@ TEST_CASE("metric_panels: without --keys a run's recorded metrics get panels and
   CHECK(overlay_of("loss") == std::vector<std::string>{"val_loss"});
   CHECK(overlay_of("ce_subtask") == std::vector<std::string>{"val_ce_subtask"});
   CHECK(overlay_of("subtask_acc") == std::vector<std::string>{"val_subtask_acc"});
-  CHECK(overlay_of("fast_undecodable").empty());
+  CHECK(overlay_of("fast_undecodable") == std::vector<std::string>{"val_fast_undecodable"});
+  CHECK(overlay_of("fast_acc").empty());
   const auto& sub = chosen.panels[static_cast<size_t>(std::find(keys.begin(), keys.end(), "subtask_acc") - keys.begin())];
   REQUIRE(sub.overlays.size() == 1);
   CHECK(sub.overlays[0].x == std::vector<double>{4});
