@@ -46,6 +46,38 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// pi0-FAST's actions for a validation batch, as pi0-infer gets them: greedy decoding from the prompt alone (the rows
+// cut to their prefix), then openpi's text round trip; [B,H,A] float32 in normalized units, zeros past each example's
+// robot dims and for rows that hold no actions, flagged in `undecodable` [B,1] (1.0). Greedy whatever
+// model.temperature says: the same values every pass.
+struct FastValidationActions {
+  torch::Tensor actions, undecodable;
+};
+FastValidationActions decode_fast_actions(model::Pi0& model, const model::Observation& obs, const model::Batch& batch,
+                                          const data::FastPromptTokenizer& reader, int64_t max_decoding_steps) {
+  const auto device = obs.state.device();
+  const int64_t n = obs.batch_size(), h = batch.actions.size(1), a = batch.actions.size(2);
+  const auto cut = data::FastPromptTokenizer::prefix_only(batch.observation.tokenized_prompt,
+                                                          batch.observation.tokenized_prompt_mask, batch.token_loss_mask);
+  auto prefix = obs;
+  prefix.tokenized_prompt = cut.tokens.to(device);
+  prefix.tokenized_prompt_mask = cut.mask.to(device);
+  const auto tokens = model->sample_fast_tokens(prefix, cut.ar_mask.to(device), max_decoding_steps, /*temperature=*/0.0)
+                          .tokens.to(torch::kCPU)
+                          .contiguous();
+  FastValidationActions out{torch::zeros({n, h, a}), torch::zeros({n, 1})};
+  for (int64_t b = 0; b < n; ++b) {
+    const int64_t* row = tokens.data_ptr<int64_t>() + b * tokens.size(1);
+    const int64_t dims = batch.action_dims[b].item<int64_t>();
+    const auto got = reader.extract_generated(std::vector<int64_t>(row, row + tokens.size(1)), h, dims);
+    if (got.holds_actions())
+      out.actions[b].narrow(1, 0, dims).copy_(torch::tensor(got.decoded.actions, torch::kFloat64).view({h, dims}));
+    else
+      out.undecodable[b][0] = 1.0f;
+  }
+  return out;
+}
+
 // The profiler of this rank (--profile-steps): as many of the steps as are left; rank r > 0 writes into <dir>/rank<r>.
 ProfilerOptions rank_profiler_options(ProfilerOptions o, int64_t rank, int64_t steps_left) {
   if (rank > 0) o.dir = (fs::path(o.dir) / ("rank" + std::to_string(rank))).string();
@@ -754,28 +786,9 @@ std::optional<ValidationResult> Trainer::validate() {
       // decoding of the prompt alone, read as pi0-infer reads them (zeros where they hold none).
       const auto fl = model_->compute_fast_loss(obs, batch.token_ar_mask.to(device_), batch.token_loss_mask.to(device_));
       loss_sum = fl.loss, loss_count = torch::ones_like(fl.loss);
-      const auto cut = data::FastPromptTokenizer::prefix_only(
-          batch.observation.tokenized_prompt, batch.observation.tokenized_prompt_mask, batch.token_loss_mask);
-      auto prefix = obs;
-      prefix.tokenized_prompt = cut.tokens.to(device_);
-      prefix.tokenized_prompt_mask = cut.mask.to(device_);
-      // Greedy whatever model.temperature says: the same values every pass.
-      const auto tokens = model_->sample_fast_tokens(prefix, cut.ar_mask.to(device_), cfg_.model.max_decoding_steps,
-                                                     /*temperature=*/0.0)
-                              .tokens.to(torch::kCPU)
-                              .contiguous();
-      auto decoded = torch::zeros({obs.batch_size(), h, d}, f32);
-      for (int64_t b = 0; b < obs.batch_size(); ++b) {
-        const int64_t* row = tokens.data_ptr<int64_t>() + b * tokens.size(1);
-        const int64_t dims = batch.action_dims[b].item<int64_t>();
-        const auto got = data_.fast_reader->extract_generated(std::vector<int64_t>(row, row + tokens.size(1)), h, dims);
-        if (got.holds_actions()) {
-          decoded[b].narrow(1, 0, dims).copy_(torch::tensor(got.decoded.actions, torch::kFloat64).view({h, dims}));
-        } else {
-          undecodable[b][0] = 1.0f;
-        }
-      }
-      sampled = decoded.to(device_);
+      const auto decoded = decode_fast_actions(model_, obs, batch, *data_.fast_reader, cfg_.model.max_decoding_steps);
+      sampled = decoded.actions.to(device_);
+      undecodable = decoded.undecodable;
       subtask_parts = torch::zeros({obs.batch_size(), 3}, f32.device(device_));
     } else if (st.enabled) {
       model::Pi0Impl::PrefixBlocks blocks;
