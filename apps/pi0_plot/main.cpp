@@ -7,7 +7,6 @@
 // train/metric_panels.h.
 // Flags, exit codes: pi0-plot --help.
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>

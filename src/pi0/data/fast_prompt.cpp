@@ -228,6 +228,27 @@ FastExtracted FastPromptTokenizer::extract_generated(const std::vector<int64_t>&
   return extract_actions(ids, H, D);
 }
 
+FastRowsActions FastPromptTokenizer::extract_generated_rows(const torch::Tensor& tokens, int64_t H,
+                                                            const std::vector<int64_t>& dims, int64_t width) const {
+  PI0_CHECK(tokens.dim() == 2 && static_cast<int64_t>(dims.size()) == tokens.size(0),
+            "extract_generated_rows: tokens must be [B, N] with one dims entry per row");
+  const auto cpu = tokens.to(torch::kCPU, torch::kLong).contiguous();
+  const int64_t B = cpu.size(0), N = cpu.size(1);
+  FastRowsActions out;
+  out.actions = torch::zeros({B, H, width}, torch::kFloat64);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t d = dims[static_cast<size_t>(b)];
+    PI0_CHECK(d > 0 && d <= width, "extract_generated_rows: row ", b, " has ", d, " dims, expected 1..", width);
+    const int64_t* row = cpu.data_ptr<int64_t>() + b * N;
+    const auto got = extract_generated(std::vector<int64_t>(row, row + N), H, d);
+    out.decodable.push_back(got.holds_actions());
+    if (got.holds_actions())
+      out.actions[b].narrow(1, 0, d).copy_(torch::tensor(got.decoded.actions, torch::kFloat64).view({H, d}));
+  }
+  out.actions = out.actions.to(torch::kFloat32);
+  return out;
+}
+
 int64_t FastPromptTokenizer::block_fast_count(const std::vector<int64_t>& block) const {
   const auto n = static_cast<int64_t>(block.size());
   const auto end = static_cast<int64_t>(bar_.size()) + 1;  // "|" + EOS

@@ -53,6 +53,12 @@ struct FastExtracted {
   bool holds_actions() const { return found_marker && decoded.decodable; }
 };
 
+/// Actions read from a batch of token rows (FastPromptTokenizer::extract_generated_rows).
+struct FastRowsActions {
+  torch::Tensor actions;        ///< [B, H, width] float32, normalized units; zeros past each row's dims and where none
+  std::vector<bool> decodable;  ///< per row: it held actions (FastExtracted::holds_actions)
+};
+
 /// openpi's FASTTokenizer over a SentencePiece model (PaliGemma's, or a test model) and a FAST tokenizer.
 /// Immutable after construction; const methods may run concurrently.
 class FastPromptTokenizer {
@@ -75,6 +81,10 @@ class FastPromptTokenizer {
   /// extract_actions of a model's token row, leaving out ids past the SentencePiece vocabulary (a model.vocab_size
   /// larger than its tokenizer's, which openpi's PaliGemma never has): they have no text, as if never generated.
   FastExtracted extract_generated(const std::vector<int64_t>& tokens, int64_t H, int64_t D) const;
+  /// extract_generated of each row of `tokens` ([B, N] int64, any device; negative entries are skipped like other
+  /// ids without text), row b with its own D = dims[b] <= width, its actions in the first dims[b] columns.
+  FastRowsActions extract_generated_rows(const torch::Tensor& tokens, int64_t H, const std::vector<int64_t>& dims,
+                                         int64_t width) const;
 
   /// train.ki's FAST block (data::SampleTransform): pg(FAST ids) + spm("|") + EOS, right-padded, truncation may cut
   /// its end. Of its valid tokens `block`, how many lead with FAST ids: all but the closing ones when it ends with

@@ -213,21 +213,10 @@ nlohmann::json rtc_metadata(const io::Bundle& bundle, const RtcSettings& setting
 FastActions fast_actions(const io::Bundle& bundle, const torch::Tensor& tokens) {
   PI0_CHECK(bundle.fast_prompt != nullptr, "fast_actions needs a pi0-FAST bundle");
   PI0_CHECK(tokens.dim() == 2 && tokens.scalar_type() == torch::kInt64, "fast_actions: tokens must be [B,N] int64");
-  const auto cpu = tokens.to(torch::kCPU).contiguous();
-  const int64_t B = cpu.size(0), N = cpu.size(1), H = bundle.config.model.action_horizon,
-                D = io::action_dims(bundle);
-  FastActions out;
-  out.actions = torch::zeros({B, H, D}, torch::kFloat64);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t* row = cpu.data_ptr<int64_t>() + b * N;
-    const auto extracted = bundle.fast_prompt->extract_generated(std::vector<int64_t>(row, row + N), H, D);
-    const bool ok = extracted.holds_actions();
-    out.decodable.push_back(ok);
-    if (ok)
-      std::copy(extracted.decoded.actions.begin(), extracted.decoded.actions.end(), out.actions[b].data_ptr<double>());
-  }
-  out.actions = out.actions.to(torch::kFloat32);
-  return out;
+  const int64_t D = io::action_dims(bundle);
+  auto rows = bundle.fast_prompt->extract_generated_rows(tokens, bundle.config.model.action_horizon,
+                                                         std::vector<int64_t>(static_cast<size_t>(tokens.size(0)), D), D);
+  return FastActions{std::move(rows.actions), std::move(rows.decodable)};
 }
 
 torch::Device model_device(const io::Bundle& bundle) {

@@ -14,16 +14,6 @@ int64_t robot_dims(const model::Batch& batch, int64_t b) {
   return batch.action_dims.defined() ? batch.action_dims[b].item<int64_t>() : batch.actions.size(2);
 }
 
-// Row b's values at or above 0 (the -1 entries are not targets), in order.
-std::vector<int64_t> row_targets(const torch::Tensor& predicted, int64_t b) {
-  const int64_t n = predicted.size(1);
-  const int64_t* row = predicted.data_ptr<int64_t>() + b * n;
-  std::vector<int64_t> out;
-  for (int64_t i = 0; i < n; ++i)
-    if (row[i] >= 0) out.push_back(row[i]);
-  return out;
-}
-
 torch::Tensor host_rows(const torch::Tensor& predicted, const model::Batch& batch, const char* what) {
   PI0_CHECK(predicted.dim() == 2 && predicted.size(0) == batch.actions.size(0), what,
             ": predictions must be [B, N] for the batch's ", batch.actions.size(0), " examples");
@@ -35,13 +25,16 @@ torch::Tensor host_rows(const torch::Tensor& predicted, const model::Batch& batc
 FastDecodingCount count_undecodable_fast(const data::FastPromptTokenizer& reader, const torch::Tensor& predicted,
                                          const model::Batch& batch) {
   const auto rows = host_rows(predicted, batch, "count_undecodable_fast");
-  const int64_t h = batch.actions.size(1);
+  std::vector<int64_t> dims;
+  for (int64_t b = 0; b < rows.size(0); ++b) dims.push_back(robot_dims(batch, b));
+  // The -1 entries (not targets) are skipped as ids without text.
+  const auto read = reader.extract_generated_rows(rows, batch.actions.size(1), dims, batch.actions.size(2));
+  const auto has_targets = (rows >= 0).any(1);
   FastDecodingCount out;
   for (int64_t b = 0; b < rows.size(0); ++b) {
-    const auto ids = row_targets(rows, b);
-    if (ids.empty()) continue;
+    if (!has_targets[b].item<bool>()) continue;
     ++out.sequences;
-    if (!reader.extract_generated(ids, h, robot_dims(batch, b)).holds_actions()) ++out.undecodable;
+    if (!read.decodable[static_cast<size_t>(b)]) ++out.undecodable;
   }
   return out;
 }

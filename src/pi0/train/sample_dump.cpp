@@ -152,10 +152,9 @@ int64_t dump_samples(const config::Config& cfg, int64_t n, const std::string& di
           for (int64_t i = 0; i < batch.fast_tokens.size(1); ++i)
             if (batch.fast_mask[b][i].item<bool>()) block.push_back(batch.fast_tokens[b][i].item<int64_t>());
           const int64_t n_fast = fast->block_fast_count(block);
-          const std::vector<int64_t> pg(block.begin(), block.begin() + n_fast);
           std::vector<int64_t> fast_ids;
-          for (const int64_t id : pg) fast_ids.push_back(fast->paligemma_of(id));
-          const auto decoded = fast->decode_paligemma(pg, batch.actions.size(1), batch.action_dims[b].item<int64_t>());
+          for (int64_t i = 0; i < n_fast; ++i) fast_ids.push_back(fast->paligemma_of(block[static_cast<size_t>(i)]));
+          const auto decoded = fast->fast().decode(fast_ids, batch.actions.size(1), batch.action_dims[b].item<int64_t>());
           show_fast(block, fast_ids, decoded, decoded.decodable);
           j["fast_truncated"] = n_fast == static_cast<int64_t>(block.size());
         } else if (fast && batch.token_loss_mask.defined()) {

@@ -62,19 +62,14 @@ FastValidationActions decode_fast_actions(model::Pi0& model, const model::Observ
   auto prefix = obs;
   prefix.tokenized_prompt = cut.tokens.to(device);
   prefix.tokenized_prompt_mask = cut.mask.to(device);
-  const auto tokens = model->sample_fast_tokens(prefix, cut.ar_mask.to(device), max_decoding_steps, /*temperature=*/0.0)
-                          .tokens.to(torch::kCPU)
-                          .contiguous();
-  FastValidationActions out{torch::zeros({n, h, a}), torch::zeros({n, 1})};
-  for (int64_t b = 0; b < n; ++b) {
-    const int64_t* row = tokens.data_ptr<int64_t>() + b * tokens.size(1);
-    const int64_t dims = batch.action_dims[b].item<int64_t>();
-    const auto got = reader.extract_generated(std::vector<int64_t>(row, row + tokens.size(1)), h, dims);
-    if (got.holds_actions())
-      out.actions[b].narrow(1, 0, dims).copy_(torch::tensor(got.decoded.actions, torch::kFloat64).view({h, dims}));
-    else
-      out.undecodable[b][0] = 1.0f;
-  }
+  const auto tokens =
+      model->sample_fast_tokens(prefix, cut.ar_mask.to(device), max_decoding_steps, /*temperature=*/0.0).tokens;
+  const auto dims = batch.action_dims.to(torch::kCPU, torch::kLong).contiguous();
+  auto rows = reader.extract_generated_rows(
+      tokens, h, std::vector<int64_t>(dims.data_ptr<int64_t>(), dims.data_ptr<int64_t>() + n), a);
+  FastValidationActions out{std::move(rows.actions), torch::zeros({n, 1})};
+  for (int64_t b = 0; b < n; ++b)
+    if (!rows.decodable[static_cast<size_t>(b)]) out.undecodable[b][0] = 1.0f;
   return out;
 }
 
